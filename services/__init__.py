@@ -1,0 +1,1 @@
+"""ftbus stage services: each sub-package imports only ``shared``, never a sibling."""

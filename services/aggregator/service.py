@@ -1,0 +1,431 @@
+"""The aggregator: the only stateful service.
+
+It keeps one record per request in the requests KV bucket, updated from every stage event
+(status, stage, timings, progress), publishes the verdict (no test results) when the judge is
+done, and the report (with them) when the hidden test split is in as well. Dead letters, the
+server's MAX_DELIVERIES advisories, cancellations and stuck requests become error or cancelled
+verdicts naming the stage. Every record update is a compare-and-set on the KV revision, and the
+verdict is claimed in the record before it is published: so any number of aggregator workers,
+crashing at any point, publish exactly one verdict per request (the verdict stream's
+one-message-per-subject rule enforces it a second time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import nats
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.kv import KeyValue
+
+from services.aggregator.verdicts import (
+    build_report,
+    cancelled_verdict,
+    error_verdict,
+    report_ready,
+    verdict_from_judge,
+)
+from shared import codec
+from shared.bus import Bus
+from shared.events import (
+    BenchResult,
+    CancelRequested,
+    DataResult,
+    DeadLetter,
+    EvalRequested,
+    JudgeResult,
+    Progress,
+    Stage,
+    TrainResult,
+    utcnow,
+)
+from shared.logs import bound, get_logger
+from shared.records import RequestRecord, StageTiming
+from shared.runtime import Outgoing, StageContext, StageWorker
+
+log = get_logger("ftbus.aggregator")
+
+RESULT_STAGE: dict[type, Stage] = {
+    DataResult: Stage.data,
+    TrainResult: Stage.train,
+    BenchResult: Stage.bench,
+    JudgeResult: Stage.judge,
+}
+
+
+class Aggregator:
+    def __init__(self, bus: Bus, *, concurrency: int = 1) -> None:
+        self.bus = bus
+        self.s = bus.subjects
+        self.concurrency = concurrency
+        self._kv: KeyValue | None = None
+        self._last_progress_write: dict[str, float] = {}
+
+    async def kv(self) -> KeyValue:
+        if self._kv is None:
+            self._kv = await self.bus.kv(self.s.kv_requests)
+        return self._kv
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, stop: asyncio.Event) -> None:
+        events = StageWorker(
+            self.bus,
+            Stage.aggregate,
+            self.on_event,
+            (EvalRequested, CancelRequested, DataResult, TrainResult, BenchResult, JudgeResult),
+            concurrency=self.concurrency,
+            remember_results=False,
+            skip_cancelled=False,
+            announce=False,
+        )
+        tests = StageWorker(
+            self.bus,
+            Stage.aggregate,
+            self.on_event,
+            (BenchResult,),
+            stream=self.s.stream_test,
+            durable=f"{self.s.durable(Stage.aggregate)}-test",
+            filters=[self.s.bench_test],
+            remember_results=False,
+            skip_cancelled=False,
+            announce=False,
+        )
+        dead = StageWorker(
+            self.bus,
+            Stage.aggregate,
+            self.on_event,
+            (DeadLetter,),
+            stream=self.s.stream_dlq,
+            durable=f"{self.s.durable(Stage.aggregate)}-dlq",
+            filters=[self.s.dlq],
+            remember_results=False,
+            skip_cancelled=False,
+            announce=False,
+            dead_letter_undecodable=False,
+        )
+        progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
+        tasks = [
+            asyncio.create_task(events.run(stop)),
+            asyncio.create_task(tests.run(stop)),
+            asyncio.create_task(dead.run(stop)),
+            asyncio.create_task(self._advisories(stop)),
+            asyncio.create_task(self._sweeper(stop)),
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await progress_sub.unsubscribe()
+
+    # ------------------------------------------------------------------ events
+
+    async def on_event(self, event: Any, ctx: StageContext) -> list[Outgoing]:
+        rid = event.request_id
+        if isinstance(event, EvalRequested):
+            await self.update(rid, lambda r: _on_request(r, event))
+        elif isinstance(event, CancelRequested):
+            await self.update(rid, lambda r: _on_cancel(r, event))
+        elif isinstance(event, BenchResult) and event.split == "test":
+            await self.update(rid, lambda r: _on_test(r, event))
+        elif isinstance(event, JudgeResult):
+            await self.update(rid, lambda r: _on_judge(r, event))
+        elif isinstance(event, DeadLetter):
+            if rid is None:
+                log.warning("dead letter without a readable request id", reason=event.reason)
+                return []
+            await self.update(rid, lambda r: _on_dead_letter(r, event))
+        else:
+            await self.update(rid, lambda r: _on_stage_result(r, event))
+        return []
+
+    async def _on_progress(self, msg: Any) -> None:
+        try:
+            event = codec.decode(msg.data, Progress)
+        except codec.CodecError:
+            return
+        # Progress can come several times a second: write the record at most once a second,
+        # but always on a state change (started/finished), which status and the sweeper rely on.
+        now = asyncio.get_running_loop().time()
+        key = event.request_id
+        if event.state == "running" and now - self._last_progress_write.get(key, 0.0) < 1.0:
+            return
+        self._last_progress_write[key] = now
+        try:
+            await self.update(key, lambda r: _on_progress(r, event), create=False)
+        except Exception as exc:
+            log.warning("progress update failed", request_id=key, error=str(exc))
+
+    # ------------------------------------------------------------------ record updates
+
+    async def get(self, request_id: str) -> tuple[RequestRecord | None, int | None]:
+        kv = await self.kv()
+        try:
+            entry = await kv.get(request_id)
+        except KeyNotFoundError:
+            return None, None
+        if not entry.value:
+            return None, None
+        return RequestRecord.model_validate_json(entry.value), entry.revision
+
+    async def update(
+        self, request_id: str, mutate: Callable[[RequestRecord], None], *, create: bool = True
+    ) -> RequestRecord | None:
+        """Compare-and-set loop, then publish whatever the new record owes (verdict, report)."""
+        kv = await self.kv()
+        for _ in range(100):
+            record, revision = await self.get(request_id)
+            if record is None:
+                if not create:
+                    return None
+                record = RequestRecord(request_id=request_id)
+            mutate(record)
+            if record.verdict is not None and report_ready(record):
+                record.report = build_report(record)
+            record.updated_at = utcnow()
+            data = record.model_dump_json().encode()
+            try:
+                if revision is None:
+                    await kv.create(request_id, data)
+                else:
+                    await kv.update(request_id, data, last=revision)
+            except KeyWrongLastSequenceError:
+                continue  # someone else updated it first: re-read and re-apply
+            except nats.js.errors.BadRequestError as exc:
+                if "wrong last sequence" in str(exc).lower():
+                    continue
+                raise
+            await self._publish_owed(record)
+            return record
+        raise RuntimeError(f"could not update the record of {request_id}: too much contention")
+
+    async def _publish_owed(self, record: RequestRecord) -> None:
+        rid = record.request_id
+        with bound(request_id=rid, stage=Stage.aggregate.value):
+            if record.verdict is not None and not record.verdict_published:
+                await self._publish_once(self.s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
+                log.info(
+                    "verdict published",
+                    status=record.verdict.status,
+                    final_decision=record.verdict.final_decision,
+                    failed_stage=record.verdict.failed_stage,
+                )
+                await self._mark(rid, "verdict_published")
+            if record.report is not None and not record.report_published:
+                await self._publish_once(self.s.report(rid), record.report, f"{rid}:aggregate:report")
+                log.info("report published", has_test=record.report.benchmark_test is not None)
+                await self._mark(rid, "report_published")
+
+    async def _publish_once(self, subject: str, event: Any, msg_id: str) -> None:
+        try:
+            await self.bus.publish(subject, event, msg_id)
+        except nats.js.errors.APIError as exc:
+            # The stream holds at most one message per subject and refuses a second: the
+            # verdict is already out, which is exactly what we wanted.
+            if "maximum messages per subject" not in str(exc).lower():
+                raise
+
+    async def _mark(self, request_id: str, flag: str) -> None:
+        kv = await self.kv()
+        for _ in range(100):
+            record, revision = await self.get(request_id)
+            if record is None or getattr(record, flag):
+                return
+            setattr(record, flag, True)
+            try:
+                await kv.update(request_id, record.model_dump_json().encode(), last=revision)
+                return
+            except KeyWrongLastSequenceError:
+                continue
+
+    # ------------------------------------------------------------------ advisories
+
+    async def _advisories(self, stop: asyncio.Event) -> None:
+        durable = f"{self.s.durable(Stage.aggregate)}-advisories"
+        await self.bus.ensure_consumer(self.s.stream_advisories, durable, [">"])
+        psub = await self.bus.js.pull_subscribe_bind(durable, self.s.stream_advisories)
+        while not stop.is_set():
+            try:
+                msgs = await psub.fetch(1, timeout=2)
+            except nats.errors.TimeoutError:
+                continue
+            except Exception as exc:
+                log.warning("advisory fetch failed", error=str(exc))
+                await asyncio.sleep(1)
+                continue
+            for msg in msgs:
+                try:
+                    await self._on_max_deliveries(json.loads(msg.data))
+                    await msg.ack()
+                except Exception:
+                    log.exception("advisory handling failed, will retry")
+                    await msg.nak(delay=2)
+
+    async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
+        """A stage gave up on a message: turn it into a dead letter (the DLQ consumer does the rest)."""
+        stream, consumer, seq = advisory["stream"], advisory["consumer"], int(advisory["stream_seq"])
+        stage = _stage_of_consumer(self.s.prefix, consumer)
+        try:
+            original = await self.bus.js.get_msg(stream, seq)
+            payload, subject = bytes(original.data or b""), original.subject or "?"
+        except Exception as exc:
+            payload, subject = b"", f"<{stream} seq {seq}: {exc}>"
+        request_id = None
+        with contextlib.suppress(Exception):
+            request_id = codec.decode(payload).request_id
+        letter = DeadLetter(
+            request_id=request_id,
+            original_subject=subject,
+            stage=stage,
+            reason=f"the {stage.value if stage else consumer} stage failed {advisory.get('deliveries')} times "
+            f"(max_deliver); last errors are in that stage's worker logs",
+            payload=payload[:65536],
+            deliveries=advisory.get("deliveries"),
+        )
+        await self.bus.publish(self.s.dlq, letter, f"dlq:{stream}:{seq}:{consumer}")
+
+    # ------------------------------------------------------------------ sweeper
+
+    async def _sweeper(self, stop: asyncio.Event) -> None:
+        interval = self.bus.settings.sweep_interval_s
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            if stop.is_set():
+                return
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("sweep failed")
+
+    async def sweep(self) -> None:
+        kv = await self.kv()
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return
+        now = utcnow()
+        for key in keys:
+            record, _ = await self.get(key)
+            if record is None:
+                continue
+            if record.verdict is not None:
+                if not record.verdict_published or (record.report and not record.report_published):
+                    await self._publish_owed(record)
+                elif record.report is None and now - record.updated_at > self._limit("bench"):
+                    await self.update(key, _give_up_on_test)
+                continue
+            if now - record.updated_at > self._limit(record.stage):
+                stage = record.stage or Stage.data.value
+                silent = int((now - record.updated_at).total_seconds())
+                await self.update(
+                    key,
+                    lambda r, stage=stage, silent=silent: _claim(
+                        r, error_verdict(r, stage, f"no progress for {silent} s: the request was stuck")
+                    ),
+                )
+
+    def _limit(self, stage: str | None) -> timedelta:
+        cfg = self.bus.settings
+        timeout = {
+            Stage.train.value: cfg.train_timeout_s,
+            Stage.bench.value: 2 * cfg.bench_timeout_s,
+            Stage.judge.value: cfg.judge_time_budget_s + cfg.judge_request_timeout_s,
+        }.get(stage or "", cfg.data_timeout_s)
+        return timedelta(seconds=timeout + cfg.stuck_grace_s)
+
+
+# ---------------------------------------------------------------------- pure record transitions
+
+
+def _claim(record: RequestRecord, verdict: Any) -> None:
+    """Set the verdict unless one is already claimed: the first writer wins, forever."""
+    if record.verdict is not None:
+        return
+    record.verdict = verdict
+    record.status = verdict.status
+    record.final_decision = verdict.final_decision
+    record.failed_stage = verdict.failed_stage
+
+
+def _timing(record: RequestRecord, stage: str) -> StageTiming:
+    return record.stages.setdefault(stage, StageTiming())
+
+
+def _on_request(record: RequestRecord, event: EvalRequested) -> None:
+    record.task = event.context.task
+    record.submitted_at = event.context.submitted_at
+
+
+def _on_stage_result(record: RequestRecord, event: DataResult | TrainResult | BenchResult) -> None:
+    stage = RESULT_STAGE[type(event)].value
+    timing = _timing(record, stage)
+    timing.finished_at = event.emitted_at
+    timing.ok = event.ok
+    if record.verdict is None:
+        record.status = "running"
+        record.stage = Stage.judge.value if not event.ok else _next_stage(stage)
+
+
+def _next_stage(stage: str) -> str:
+    order = [Stage.data.value, Stage.train.value, Stage.bench.value, Stage.judge.value]
+    return order[min(order.index(stage) + 1, len(order) - 1)]
+
+
+def _on_test(record: RequestRecord, event: BenchResult) -> None:
+    record.test_received = True
+    record.benchmark_test = event.benchmark
+    record.benchmark_test_error = None if event.ok else (event.error or "the test split failed")
+
+
+def _on_judge(record: RequestRecord, event: JudgeResult) -> None:
+    timing = _timing(record, Stage.judge.value)
+    timing.finished_at = event.emitted_at
+    timing.ok = True
+    record.judge = event
+    _claim(record, verdict_from_judge(event))
+
+
+def _on_cancel(record: RequestRecord, event: CancelRequested) -> None:
+    record.cancel_requested = True
+    _claim(record, cancelled_verdict(record, event.reason))
+
+
+def _on_dead_letter(record: RequestRecord, event: DeadLetter) -> None:
+    stage = event.stage.value if event.stage else record.stage
+    _claim(record, error_verdict(record, stage, event.reason))
+
+
+def _on_progress(record: RequestRecord, event: Progress) -> None:
+    if record.terminal:
+        return
+    stage = event.stage.value
+    timing = _timing(record, stage)
+    if event.state == "started":
+        timing.attempts += 1
+        timing.started_at = timing.started_at or event.emitted_at
+    record.status = "running"
+    record.stage = stage
+    record.progress = event
+
+
+def _give_up_on_test(record: RequestRecord) -> None:
+    if record.report is None and not record.test_received:
+        record.test_received = True
+        record.benchmark_test_error = "the hidden test split's result never arrived"
+
+
+def _stage_of_consumer(prefix: str, consumer: str) -> Stage | None:
+    name = consumer.removeprefix(f"{prefix}-").split("-")[0]
+    try:
+        return Stage(name)
+    except ValueError:
+        return None

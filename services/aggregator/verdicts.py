@@ -1,0 +1,105 @@
+"""Building verdicts and reports from the aggregator's record. Pure functions, no I/O."""
+
+from __future__ import annotations
+
+from shared.events import (
+    FailedStage,
+    JudgeResult,
+    Report,
+    Stage,
+    Verdict,
+    VerdictResult,
+)
+from shared.records import RequestRecord
+
+STAGE_TO_FAILED: dict[str, FailedStage] = {
+    Stage.data.value: FailedStage.data_processing,
+    Stage.train.value: FailedStage.training,
+    Stage.bench.value: FailedStage.benchmark,
+    Stage.judge.value: FailedStage.judge,
+    Stage.aggregate.value: FailedStage.aggregate,
+}
+
+STAGE_WORDS: dict[str, str] = {
+    Stage.data.value: "data processing",
+    Stage.train.value: "training",
+    Stage.bench.value: "benchmark",
+    Stage.judge.value: "judge",
+    Stage.aggregate.value: "aggregator",
+}
+
+
+def verdict_from_judge(judge: JudgeResult) -> Verdict:
+    fb = judge.feedback
+    return Verdict(
+        request_id=judge.request_id,
+        status="completed",
+        execution=fb.execution,
+        return_checking=fb.return_checking,
+        code=fb.code,
+        final_decision=fb.final_decision,
+        raw_execution=judge.raw_execution,
+        failed_stage=judge.failed_stage,
+        result=judge.result,
+        judge=judge.judge,
+        artifacts=judge.artifacts,
+    )
+
+
+def error_verdict(record: RequestRecord, stage: str | None, reason: str) -> Verdict:
+    """An infrastructure failure: not the candidate's fault, and said so."""
+    words = STAGE_WORDS.get(stage or "", stage or "an unknown stage")
+    return Verdict(
+        request_id=record.request_id,
+        status="error",
+        execution=f"ERROR in the {words} stage (infrastructure, not the candidate): {reason}",
+        return_checking="No benchmark result: the evaluation could not finish.",
+        code="Nothing to change in the candidate for this error. Resubmit it; if the error repeats, "
+        "operators should inspect the dead-letter stream (ftbus.dlq) and the worker logs for this request.",
+        final_decision=False,
+        failed_stage=STAGE_TO_FAILED.get(stage or "", FailedStage.aggregate),
+        result=_partial_result(record),
+    )
+
+
+def cancelled_verdict(record: RequestRecord, reason: str) -> Verdict:
+    stage = record.stage
+    where = f"during {STAGE_WORDS.get(stage, stage)}" if stage else "before any stage started"
+    return Verdict(
+        request_id=record.request_id,
+        status="cancelled",
+        execution=f"CANCELLED {where}: {reason}",
+        return_checking="No benchmark result: the request was cancelled.",
+        code="The candidate was not evaluated.",
+        final_decision=False,
+        failed_stage=STAGE_TO_FAILED.get(stage or "", FailedStage.cancelled),
+        result=_partial_result(record),
+    )
+
+
+def _partial_result(record: RequestRecord) -> VerdictResult:
+    return record.judge.result if record.judge else VerdictResult()
+
+
+def build_report(record: RequestRecord) -> Report:
+    assert record.verdict is not None
+    timings = {
+        stage: timing.duration_s
+        for stage, timing in record.stages.items()
+        if timing.duration_s is not None
+    }
+    return Report(
+        **record.verdict.model_dump(exclude={"emitted_at", "schema_version"}),
+        benchmark_test=record.benchmark_test,
+        benchmark_test_error=record.benchmark_test_error,
+        timings=timings,  # type: ignore[arg-type]
+    )
+
+
+def report_ready(record: RequestRecord) -> bool:
+    if record.verdict is None or record.report is not None:
+        return False
+    if record.verdict.status != "completed":
+        return True
+    expects_test = record.judge.expects_test if record.judge else False
+    return record.test_received or not expects_test

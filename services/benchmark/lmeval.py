@@ -1,0 +1,369 @@
+"""The lm-eval backend: render task files and the ``lm_eval`` command, then read its outputs.
+
+lm-eval (and torch) live in the fine-tuning toolchain, not in the services' environment: this module
+only writes files, builds an argv for the ``lm_eval`` executable and parses what it leaves behind.
+
+One run evaluates one split of one benchmark:
+  <run_dir>/data/<subset>.jsonl + manifest.json   the split's items (splits.write_split_data)
+  <run_dir>/tasks/<task>.yaml                     one lm-eval custom task per subset
+  <run_dir>/output/<model>/results_<ts>.json      lm-eval: metrics keyed "<metric>,<filter>"
+  <run_dir>/output/<model>/samples_<task>_<ts>.jsonl   lm-eval --log_samples: one doc a line
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from services.benchmark.registry import BenchmarkSpec
+from services.benchmark.splits import SplitManifest, write_split_data
+from shared.events import BenchmarkScores, ErrorSample
+
+# Nothing reaches for the Hub: models and data are local paths.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+TASK_PREFIX = "ftbus"
+NO_FILTER = "none"
+# lm-eval compares predictions and references after removing these: a model answering " 42" or
+# "42 " to "42" is right. Applied to both sides, so golds are unaffected.
+_STRIP_REGEXES = [r"^\s+", r"\s+$"]
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+
+
+class LmEvalOutputError(RuntimeError):
+    """lm-eval's output directory lacks what a finished run leaves (results, samples, a subset)."""
+
+
+# ------------------------------------------------------------------ tasks
+
+
+def _slug(text: str) -> str:
+    # lm-eval names sample files with re.sub(r"\W", "_", task): use names that survive unchanged.
+    return re.sub(r"\W+", "_", text).strip("_").lower() or "x"
+
+
+def task_name(benchmark: str, subset: str) -> str:
+    return f"{TASK_PREFIX}_{_slug(benchmark)}_{_slug(subset)}"
+
+
+def render_task_config(spec: BenchmarkSpec, subset: str, data_file: Path) -> dict[str, Any]:
+    """An lm-eval custom task reading one local jsonl file (``dataset_path: json``)."""
+    config: dict[str, Any] = {
+        "task": task_name(spec.name, subset),
+        "task_alias": subset,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(Path(data_file).resolve())}},
+        "test_split": "test",
+        "output_type": spec.kind,
+        "doc_to_text": "{{question}}",
+        "num_fewshot": 0,
+        "metadata": {"version": spec.version, "ftbus_benchmark": spec.name, "ftbus_subset": subset},
+    }
+    if spec.kind == "generate_until":
+        config |= {
+            "doc_to_target": "{{answer}}",
+            "generation_kwargs": {
+                "until": list(spec.generation.until),
+                "max_gen_toks": spec.generation.max_gen_toks,
+                "do_sample": False,  # greedy: the same model gives the same score
+            },
+            "metric_list": [{
+                "metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
+                "ignore_case": True, "ignore_punctuation": False, "regexes_to_ignore": _STRIP_REGEXES,
+            }],
+        }
+    else:
+        config |= {
+            "doc_to_choice": "{{choices}}",
+            # An index, not the answer text: lm-eval would read a numeric answer ("41") as an index.
+            "doc_to_target": "{{choices.index(answer)}}",
+            "metric_list": [
+                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in spec.metrics
+            ],
+        }
+    return config
+
+
+def write_task_configs(spec: BenchmarkSpec, data_files: Mapping[str, Path], include_dir: Path) -> dict[str, str]:
+    """Write one task YAML per subset into ``include_dir``; return subset -> task name."""
+    include_dir = Path(include_dir)
+    include_dir.mkdir(parents=True, exist_ok=True)
+    tasks: dict[str, str] = {}
+    for subset, data_file in data_files.items():
+        config = render_task_config(spec, subset, data_file)
+        (include_dir / f"{config['task']}.yaml").write_text(
+            yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
+        )
+        tasks[subset] = config["task"]
+    return tasks
+
+
+# ------------------------------------------------------------------ model selection
+
+
+@dataclass(frozen=True)
+class ModelSelection:
+    """What lm-eval loads: a full model folder, or a base model plus a LoRA adapter."""
+
+    kind: Literal["lora", "full", "base"]
+    pretrained: Path
+    peft: Path | None = None
+
+
+def is_adapter_dir(path: Path) -> bool:
+    return any((Path(path) / f).is_file() for f in ADAPTER_FILES)
+
+
+def select_model(base_model: Path, trained_dir: Path | None) -> ModelSelection:
+    """The reference's LoRA detection: adapter files in the training output mean base + adapter;
+    otherwise the output is a full model. No output at all means the base model alone (baseline)."""
+    if trained_dir is None:
+        return ModelSelection("base", Path(base_model))
+    if is_adapter_dir(trained_dir):
+        return ModelSelection("lora", Path(base_model), Path(trained_dir))
+    return ModelSelection("full", Path(trained_dir))
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the model's tokenizer carries a chat template (read from files, no transformers)."""
+    model_dir = Path(model_dir)
+    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
+        return True
+    config = model_dir / "tokenizer_config.json"
+    try:
+        return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------ command
+
+
+def _model_arg(path: Path) -> str:
+    text = str(Path(path).resolve())
+    # lm-eval splits --model_args on "," and "=": such a path cannot be passed through it.
+    if "," in text or "=" in text:
+        raise ValueError(f"model path {text!r} contains ',' or '=', which lm-eval's --model_args cannot carry")
+    return text
+
+
+def build_lm_eval_command(
+    *,
+    lm_eval: str | Path,
+    model: ModelSelection,
+    tasks: Sequence[str],
+    include_path: Path,
+    output_path: Path,
+    device: str = "cpu",
+    batch_size: int | str = 1,
+    apply_chat_template: bool = False,
+    dtype: str | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """The argv of one offline lm-eval run (``lm_eval run --model hf ...``)."""
+    model_args = [f"pretrained={_model_arg(model.pretrained)}"]
+    if model.peft is not None:
+        model_args.append(f"peft={_model_arg(model.peft)}")
+    if dtype:
+        model_args.append(f"dtype={dtype}")
+    argv = [
+        str(lm_eval), "run",
+        "--model", "hf",
+        "--model_args", ",".join(model_args),
+        "--tasks", ",".join(tasks),
+        "--include_path", str(Path(include_path).resolve()),
+        "--output_path", str(Path(output_path).resolve()),
+        "--log_samples",
+        "--device", device,
+        "--batch_size", str(batch_size),
+        "--seed", str(seed),
+    ]
+    if apply_chat_template:
+        argv.append("--apply_chat_template")
+    return argv
+
+
+def lm_eval_env(run_dir: Path) -> dict[str, str]:
+    """Variables for the lm-eval process: offline, and its datasets cache inside the run folder so
+    that runs do not share (or leak) converted benchmark data through ~/.cache."""
+    return {**OFFLINE_ENV, "HF_DATASETS_CACHE": str(Path(run_dir).resolve() / "hf_datasets_cache")}
+
+
+@dataclass
+class LmEvalRun:
+    argv: list[str]
+    env: dict[str, str]
+    output_dir: Path
+    tasks: dict[str, str] = field(default_factory=dict)
+
+
+def prepare_lm_eval_run(
+    spec: BenchmarkSpec,
+    manifest: SplitManifest,
+    run_dir: Path,
+    *,
+    lm_eval: str | Path,
+    model: ModelSelection,
+    device: str = "cpu",
+    batch_size: int | str = 1,
+    apply_chat_template: bool | None = None,
+    dtype: str | None = None,
+    seed: int = 0,
+) -> LmEvalRun:
+    """Write the split's data and task files under ``run_dir``; return what to run.
+
+    ``apply_chat_template=None`` applies the chat template when the tokenizer lm-eval loads (the
+    base model's, for an adapter) has one: fine-tuned chat models are evaluated as they were trained.
+    """
+    run_dir = Path(run_dir)
+    data_files = write_split_data(spec, manifest, run_dir / "data")
+    tasks = write_task_configs(spec, data_files, run_dir / "tasks")
+    if apply_chat_template is None:
+        apply_chat_template = has_chat_template(model.pretrained)
+    output_dir = run_dir / "output"
+    argv = build_lm_eval_command(
+        lm_eval=lm_eval, model=model, tasks=list(tasks.values()), include_path=run_dir / "tasks",
+        output_path=output_dir, device=device, batch_size=batch_size,
+        apply_chat_template=apply_chat_template, dtype=dtype, seed=seed,
+    )
+    return LmEvalRun(argv=argv, env=lm_eval_env(run_dir), output_dir=output_dir, tasks=tasks)
+
+
+# ------------------------------------------------------------------ parsing
+
+
+def find_results_file(output_dir: Path) -> Path:
+    """The newest ``results_<timestamp>.json`` under ``output_dir`` (lm-eval nests it in a folder
+    named after the model path)."""
+    found = sorted(Path(output_dir).rglob("results_*.json"), key=lambda p: (p.name, str(p)))
+    if not found:
+        raise LmEvalOutputError(f"lm-eval left no results_*.json under {output_dir}")
+    return found[-1]
+
+
+def _metric_name(key: str) -> str | None:
+    """'exact_match,none' -> 'exact_match'; other filters keep theirs; stderr and aliases are dropped."""
+    metric, _, flt = key.partition(",")
+    if not flt or metric.endswith("_stderr"):
+        return None
+    return metric if flt == NO_FILTER else key
+
+
+def _summary(task_results: Mapping[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in task_results.items():
+        name = _metric_name(key)
+        if name is not None and isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def _read_samples(results_file: Path, task: str) -> list[dict[str, Any]]:
+    stamp = results_file.stem.removeprefix("results_")
+    path = results_file.parent / f"samples_{task}_{stamp}.jsonl"
+    if not path.is_file():
+        candidates = sorted(results_file.parent.glob(f"samples_{task}_*.jsonl"))
+        if not candidates:
+            raise LmEvalOutputError(f"lm-eval left no samples for task {task} in {results_file.parent}")
+        path = candidates[-1]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r.get("doc_id", 0))
+
+
+def _first(value: Any) -> Any:
+    while isinstance(value, list) and value:
+        value = value[0]
+    return value
+
+
+def _prompt(row: Mapping[str, Any]) -> str:
+    # arguments: {"gen_args_0": {"arg_0": <prompt>, "arg_1": <gen kwargs>}, ...} in lm-eval 0.4.13
+    args = row.get("arguments")
+    first = next(iter(args.values()), None) if isinstance(args, dict) else _first(args)
+    if isinstance(first, dict):
+        first = first.get("arg_0")
+    return "" if first is None else str(first)
+
+
+def _error_sample(spec: BenchmarkSpec, row: Mapping[str, Any]) -> ErrorSample:
+    doc = row.get("doc") or {}
+    question = str(doc["question"]) if "question" in doc else _prompt(row)
+    if spec.kind == "multiple_choice":
+        choices = list(doc.get("choices") or [])
+        # filtered_resps: one [loglikelihood, is_greedy] per choice; the model "answers" the argmax.
+        lls = [float(_first(r)) for r in row.get("filtered_resps") or []]
+        pred = choices[max(range(len(lls)), key=lls.__getitem__)] if lls and len(lls) == len(choices) else ""
+        return ErrorSample(question=question, gold=str(doc.get("answer", "")), model_output=pred)
+    output = row.get("filtered_resps")
+    return ErrorSample(
+        question=question,
+        gold=str(doc.get("answer", row.get("target", ""))),
+        model_output=str(_first(output) if output is not None else _first(row.get("resps")) or ""),
+    )
+
+
+def _is_correct(spec: BenchmarkSpec, row: Mapping[str, Any]) -> bool:
+    for metric in (spec.primary_metric, *spec.metrics):
+        if metric in row:
+            return float(row[metric]) >= 1.0
+    raise LmEvalOutputError(f"sample {row.get('doc_id')} has none of the metrics {spec.metrics}")
+
+
+def parse_lm_eval_output(
+    output_dir: Path,
+    spec: BenchmarkSpec,
+    manifest: SplitManifest,
+    max_error_samples: int = 10,
+    seed: int = 0,
+) -> BenchmarkScores:
+    """Turn one lm-eval run into ``BenchmarkScores``.
+
+    ``accuracy_summary`` is {subset: {metric: value}} (metric names without the ``,none`` filter);
+    ``primary_value`` the mean of the primary metric over evaluated subsets; ``error_samples`` at
+    most ``max_error_samples`` wrong answers over all subsets, drawn with ``random.Random(seed)`` so
+    that the same run always shows the judge the same samples (the reference's were unseeded).
+    """
+    results_file = find_results_file(output_dir)
+    try:
+        results = json.loads(results_file.read_text(encoding="utf-8"))["results"]
+    except (ValueError, KeyError) as exc:
+        raise LmEvalOutputError(f"{results_file} is not an lm-eval results file: {exc}") from exc
+
+    summary: dict[str, dict[str, float]] = {}
+    errors: list[ErrorSample] = []
+    for subset in spec.subsets:
+        ids = manifest.item_ids.get(subset.name, [])
+        if not ids:
+            continue  # too few items for this split: nothing was evaluated
+        task = task_name(spec.name, subset.name)
+        if task not in results:
+            raise LmEvalOutputError(f"{results_file.name} has no results for task {task} (subset {subset.name})")
+        metrics = _summary(results[task])
+        if spec.primary_metric not in metrics:
+            raise LmEvalOutputError(f"task {task} reports {sorted(metrics)}, not {spec.primary_metric}")
+        summary[subset.name] = metrics
+        rows = _read_samples(results_file, task)
+        if len(rows) != len(ids):
+            raise LmEvalOutputError(f"task {task}: {len(rows)} samples for {len(ids)} items in the split")
+        errors.extend(_error_sample(spec, row) for row in rows if not _is_correct(spec, row))
+
+    if len(errors) > max_error_samples:
+        keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))
+        errors = [errors[i] for i in keep]
+    values = [m[spec.primary_metric] for m in summary.values()]
+    return BenchmarkScores(
+        accuracy_summary=summary,
+        error_samples=errors,
+        primary_metric=spec.primary_metric,
+        higher_is_better=spec.higher_is_better,
+        primary_value=sum(values) / len(values) if values else None,
+        item_ids={s: list(ids) for s, ids in manifest.item_ids.items() if ids},
+    )

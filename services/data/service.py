@@ -1,0 +1,145 @@
+"""The data stage: pre-check the workspace, run ``process_data.py``, check and describe ``data.json``.
+
+Consumes ``eval.requested``; publishes ``data.completed`` or ``data.failed``. The result is cached
+by content (process_data.py, dataset_info.json, the declared datasets): a hit skips the run and
+says ``cached: true``. Only successes are cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from services.data.cache import data_cache_key
+from services.data.env import data_processing_env
+from services.data.precheck import precheck
+from services.data.stats import compute_data_stats
+from services.data.validate import DataInvalid, load_data_json
+from shared.artifacts import materialise
+from shared.bus import Bus
+from shared.events import (
+    DataResult,
+    DataStats,
+    DataSummary,
+    EvalRequested,
+    FailedStage,
+    Stage,
+    StageOutcome,
+)
+from shared.logs import get_logger
+from shared.modelpaths import ModelNotFound, resolve_base_model
+from shared.runtime import Outgoing, StageContext, StageWorker
+
+log = get_logger("ftbus.data")
+
+DATA_FILE = "data.json"
+STATS_FILE = "data_stats.json"
+
+
+def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: str,
+            summary: DataSummary | None = None) -> list[Outgoing]:
+    log.info("data stage failed", failed_stage=stage.value, error=error)
+    result = DataResult(
+        request_id=event.request_id,
+        ok=False,
+        context=event.context,
+        data=summary or DataSummary(),
+        failed_stage=stage,
+        error=error,
+    )
+    return [Outgoing(ctx.subjects.data_failed, result, "failed")]
+
+
+async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
+    settings = ctx.settings
+    context = event.context
+    assets: Path = settings.assets
+
+    problem = precheck(context, assets)
+    if problem:
+        return _failed(event, ctx, FailedStage.precheck, problem)
+
+    workspace = ctx.workdir / "workspace"
+    await materialise(ctx.artifacts, context.workspace, workspace)
+    dataset_dirs = [assets / "datasets" / name for name in context.task.involving_datasets]
+    key = await asyncio.to_thread(data_cache_key, workspace, dataset_dirs)
+    cache_prefix = f"cache/data/{key}"
+
+    cached = await _cache_lookup(ctx, cache_prefix)
+    if cached is not None:
+        data_ref, stats = cached
+        log.info("data cache hit", cache_key=key)
+        summary = DataSummary(data=data_ref, data_stats=stats, cached=True, cache_key=key)
+        ok = DataResult(request_id=event.request_id, ok=True, context=context, data=summary)
+        return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
+
+    timeout = settings.timeout_for("data_processing", context.timeouts.data_processing)
+    log_path = ctx.workdir / "data_processing.log"
+    await ctx.progress(message="running process_data.py")
+    run = await ctx.runner.run(
+        ["python", "process_data.py"],
+        cwd=workspace,
+        env=data_processing_env(settings, assets),
+        timeout_s=timeout,
+        log_path=log_path,
+        tail_chars=settings.log_tail_chars,
+    )
+    log_ref = await ctx.artifacts.put_file(f"{event.request_id}/logs/data_processing.log", log_path)
+    outcome = StageOutcome(
+        exit_code=run.exit_code,
+        timed_out=run.timed_out,
+        duration_s=run.duration_s,
+        timeout_s=timeout,
+        log=log_ref,
+        log_tail=run.output_tail,
+    )
+    summary = DataSummary(cache_key=key, outcome=outcome)
+    if run.timed_out:
+        return _failed(event, ctx, FailedStage.data_processing,
+                       f"process_data.py timed out after {timeout:.0f} s (exit code 124)", summary)
+    if run.exit_code != 0:
+        return _failed(event, ctx, FailedStage.data_processing,
+                       f"process_data.py exited with code {run.exit_code}", summary)
+
+    try:
+        records = await asyncio.to_thread(load_data_json, workspace / DATA_FILE)
+    except DataInvalid as exc:
+        return _failed(event, ctx, FailedStage.data_processing, str(exc), summary)
+
+    tokenizer = _tokenizer_of(assets, context.task.base_model)
+    stats = await asyncio.to_thread(compute_data_stats, records, tokenizer, run.output_tail)
+    stats_bytes = stats.model_dump_json(indent=2).encode()
+    rid = event.request_id
+    data_ref = await ctx.artifacts.put_file(f"{rid}/data/{DATA_FILE}", workspace / DATA_FILE)
+    stats_ref = await ctx.artifacts.put_bytes(f"{rid}/data/{STATS_FILE}", stats_bytes)
+    # Written after the request's own copies, and only on success: a failure is never cached.
+    await ctx.artifacts.put_file(f"{cache_prefix}/{DATA_FILE}", workspace / DATA_FILE)
+    await ctx.artifacts.put_bytes(f"{cache_prefix}/{STATS_FILE}", stats_bytes)
+    summary = DataSummary(
+        data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, outcome=outcome
+    )
+    log.info("data ready", samples=stats.total_samples, cache_key=key)
+    ok = DataResult(request_id=rid, ok=True, context=context, data=summary)
+    return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
+
+
+async def _cache_lookup(ctx: StageContext, prefix: str) -> tuple[object, DataStats] | None:
+    data_ref = await ctx.artifacts.stat(f"{prefix}/{DATA_FILE}")
+    stats_ref = await ctx.artifacts.stat(f"{prefix}/{STATS_FILE}")
+    if data_ref is None or stats_ref is None:
+        return None
+    stats = DataStats.model_validate(json.loads(await ctx.artifacts.get_bytes(stats_ref)))
+    return data_ref, stats
+
+
+def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
+    try:
+        candidate = resolve_base_model(assets, base_model) / "tokenizer.json"
+    except ModelNotFound:
+        return None
+    return candidate if candidate.is_file() else None
+
+
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
+    await StageWorker(bus, Stage.data, handle, (EvalRequested,), concurrency=concurrency).run(stop)

@@ -1,0 +1,192 @@
+"""Render the judge's prompts from ``prompts/judge.yaml``.
+
+Only what the judge is given can reach the prompt, and the judge is only given validation results
+or failed-stage events: the hidden test split travels on a subject the judge never reads, and
+``build_context`` refuses a test-split event outright.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from services.judge.condense import CondensedLog
+from services.judge.rules import (
+    JudgedEvent,
+    exit_code_of,
+    failed_stage_of,
+    model_files_of,
+    outcome_of,
+)
+from shared.events import BenchResult, DataResult, FailedStage, LossHistory, TaskSpec
+from shared.settings import Settings
+
+PROMPTS_FILE = Path(__file__).resolve().parents[2] / "prompts" / "judge.yaml"
+LOSS_KEEP_EACH_END = 30  # first 30 + last 30 points when there are more than 60
+NO_BENCHMARK = "N/A (not executed or failed)"
+_TIMED_STAGES = {FailedStage.data_processing, FailedStage.training, FailedStage.benchmark}
+
+
+class JudgeTemplates:
+    """The compiled templates of one prompts file."""
+
+    def __init__(self, path: Path) -> None:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        missing = {"system", "user", "retry_note"} - set(raw or {})
+        if missing:
+            raise ValueError(f"{path} lacks the prompt templates {sorted(missing)}")
+        # StrictUndefined: a renamed context variable fails loudly instead of rendering as "".
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=False)
+        self.system = env.from_string(raw["system"])
+        self.user = env.from_string(raw["user"])
+        self.retry_note = env.from_string(raw["retry_note"])
+
+
+@lru_cache(maxsize=4)
+def load_templates(path: Path = PROMPTS_FILE) -> JudgeTemplates:
+    return JudgeTemplates(path)
+
+
+class PromptContext(BaseModel):
+    """Everything the user prompt shows, already reduced to text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: TaskSpec
+    train_yaml: str
+    exit_code: str
+    model_files_status: str
+    model_files: list[str]
+    failed_stage: str | None
+    stage_error: str | None
+    timeout_seconds: int | None
+    data_summary: str | None
+    benchmark_result: str
+    baseline: str | None
+    loss_history: str
+    loss_note: str | None
+    condensed_log: str
+
+
+def truncate_loss_history(history: LossHistory, keep: int = LOSS_KEEP_EACH_END) -> tuple[LossHistory, str | None]:
+    """A shortened COPY of the history; the event's own history is never touched."""
+    notes = []
+    train, evals = list(history.train), list(history.eval)
+    if len(train) > 2 * keep:
+        notes.append(f"train: first {keep} and last {keep} of {len(train)} points")
+        train = train[:keep] + train[-keep:]
+    if len(evals) > 2 * keep:
+        notes.append(f"eval: first {keep} and last {keep} of {len(evals)} points")
+        evals = evals[:keep] + evals[-keep:]
+    copy = LossHistory(train=[p.model_copy() for p in train], eval=[p.model_copy() for p in evals])
+    return copy, "; ".join(notes) or None
+
+
+def _loss_json(history: LossHistory) -> str:
+    if not history.train and not history.eval:
+        return "N/A"
+
+    # One point per line: readable, and far smaller than indented JSON.
+    def block(points: list[dict[str, Any]]) -> str:
+        if not points:
+            return "[]"
+        return "[\n" + ",\n".join("    " + json.dumps(p) for p in points) + "\n  ]"
+
+    train = [p.model_dump(exclude_none=True) for p in history.train]
+    evals = [p.model_dump(exclude_none=True) for p in history.eval]
+    return '{\n  "train": ' + block(train) + ',\n  "eval": ' + block(evals) + "\n}"
+
+
+def stage_timeout(event: JudgedEvent, stage: FailedStage | None, settings: Settings) -> float | None:
+    """The limit the failed stage ran under: the one recorded by the runner, else the configured one."""
+    if stage not in _TIMED_STAGES:
+        return None
+    outcome = outcome_of(event, stage)
+    if outcome is not None and outcome.timeout_s:
+        return outcome.timeout_s
+    requested = getattr(event.context.timeouts, str(stage))
+    return settings.timeout_for(str(stage), requested)
+
+
+def _benchmark_json(event: JudgedEvent) -> str:
+    # Only the validation split's summary and error samples: item ids and raw outputs stay out.
+    if not isinstance(event, BenchResult) or event.benchmark is None:
+        return NO_BENCHMARK
+    scores = event.benchmark
+    if not scores.accuracy_summary and not scores.error_samples:
+        return NO_BENCHMARK
+    payload = {
+        "accuracy_summary": scores.accuracy_summary,
+        "error_samples": [s.model_dump() for s in scores.error_samples],
+    }
+    return json.dumps(payload, indent=2, ensure_ascii=False)
+
+
+def _baseline_text(event: JudgedEvent) -> str | None:
+    if not isinstance(event, BenchResult) or event.baseline is None:
+        return None
+    base = event.baseline
+    if base.baseline_value is None:
+        return None
+    text = f"{base.primary_metric or 'primary metric'} = {base.baseline_value:.4g}"
+    if base.difference is not None:
+        text += f" (candidate minus base: {base.difference:+.4g})"
+    return text
+
+
+def _data_summary(event: JudgedEvent) -> str | None:
+    stats = event.data.data_stats
+    parts = []
+    if stats is not None:
+        parts.append(f"{stats.total_samples} samples")
+        longest = max((c.p99_tokens for c in stats.token_stats.values()), default=None)
+        if longest is not None:
+            parts.append(f"p99 length {longest} tokens ({stats.tokenizer})")
+    if event.data.cached:
+        parts.append("reused from the data cache (process_data.py not re-run)")
+    return ", ".join(parts) or None
+
+
+def build_context(event: JudgedEvent, train_yaml: str, condensed: CondensedLog, settings: Settings) -> PromptContext:
+    if isinstance(event, BenchResult) and event.split != "validation":
+        raise ValueError("the judge only accepts validation benchmark results")
+    stage = failed_stage_of(event)
+    exit_code = exit_code_of(event)
+    model_files = model_files_of(event)
+    history = LossHistory() if isinstance(event, DataResult) else event.train.training_metrics.loss_history
+    shown, note = truncate_loss_history(history)
+    timeout = stage_timeout(event, stage, settings)
+    return PromptContext(
+        task=event.context.task,
+        train_yaml=train_yaml,
+        exit_code="N/A (nothing was run)" if exit_code is None else str(exit_code),
+        model_files_status="Found" if model_files else "Not found",
+        model_files=model_files,
+        failed_stage=str(stage) if stage else None,
+        stage_error=(event.error or "")[:1000] or None,
+        timeout_seconds=round(timeout) if timeout is not None else None,
+        data_summary=_data_summary(event),
+        benchmark_result=_benchmark_json(event),
+        baseline=_baseline_text(event),
+        loss_history=_loss_json(shown),
+        loss_note=note,
+        condensed_log=condensed.as_prompt_json(),
+    )
+
+
+def render_system(templates: JudgeTemplates | None = None) -> str:
+    return (templates or load_templates()).system.render().strip()
+
+
+def render_user(context: PromptContext, templates: JudgeTemplates | None = None) -> str:
+    return (templates or load_templates()).user.render(**context.model_dump()).strip()
+
+
+def render_retry_note(attempt: int, error: str, templates: JudgeTemplates | None = None) -> str:
+    return (templates or load_templates()).retry_note.render(attempt=attempt, error=error).strip()

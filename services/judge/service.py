@@ -1,0 +1,79 @@
+"""The judge stage: consumes ``bench.completed`` and every ``*.failed``; publishes ``judge.completed``.
+
+It gathers what the judge reads — the config, the stage logs — from the artifact store, and
+hands them to ``decide.judge``. It never sees the hidden test split: no event it consumes
+carries one, and NATS permissions can deny it the test stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.judge.decide import judge
+from shared.artifacts import ArtifactError
+from shared.bus import Bus
+from shared.events import ArtifactRef, BenchResult, DataResult, Stage, StageOutcome, TrainResult
+from shared.logs import get_logger
+from shared.runtime import Outgoing, StageContext, StageWorker
+
+log = get_logger("ftbus.judge")
+
+MAX_LOG_BYTES = 16 * 2**20  # a larger log is read from its end: the root cause is usually late
+
+
+async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> list[Outgoing]:
+    train_yaml = await _train_yaml(event, ctx)
+    log_text = await combined_log(event, ctx)
+    result = await judge(event, train_yaml, log_text, ctx.settings)
+    log.info(
+        "judged",
+        final_decision=result.feedback.final_decision,
+        judge=result.judge.kind,
+        rules_decision=result.judge.rules_decision,
+    )
+    return [Outgoing(ctx.subjects.judge_completed, result, "completed")]
+
+
+async def _train_yaml(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> str:
+    # The trainer's rewritten config is what really ran; before training, the candidate's own.
+    if not isinstance(event, DataResult) and event.train.train_yaml:
+        return event.train.train_yaml
+    item = event.context.file("train.yaml")
+    if item is None:
+        return ""
+    try:
+        return (await ctx.artifacts.get_bytes(item.ref)).decode(errors="replace")
+    except ArtifactError as exc:
+        log.warning("train.yaml unavailable", error=str(exc))
+        return ""
+
+
+async def combined_log(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> str:
+    """The reference's raw_execution: each stage's output under its own header."""
+    sections: list[tuple[str, StageOutcome | None]] = [("DATA PROCESSING", event.data.outcome)]
+    if not isinstance(event, DataResult):
+        sections.append(("TRAINING", event.train.outcome))
+    if isinstance(event, BenchResult):
+        sections.append(("BENCHMARK", event.outcome))
+    parts = []
+    for title, outcome in sections:
+        if outcome is None:
+            continue
+        text = await _log_text(outcome.log, ctx) if outcome.log else None
+        parts.append(f"=== {title} OUTPUT ===\n{text if text is not None else outcome.log_tail}")
+    return "\n".join(parts)
+
+
+async def _log_text(ref: ArtifactRef, ctx: StageContext) -> str | None:
+    try:
+        data = await ctx.artifacts.get_bytes(ref)
+    except ArtifactError as exc:
+        log.warning("stage log unavailable, using its tail", error=str(exc))
+        return None
+    return data[-MAX_LOG_BYTES:].decode(errors="replace")
+
+
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
+    await StageWorker(
+        bus, Stage.judge, handle, (DataResult, TrainResult, BenchResult), concurrency=concurrency
+    ).run(stop)

@@ -1,0 +1,338 @@
+"""Checks and rewrites the candidate's ``train.yaml`` before ``llamafactory-cli train`` sees it.
+
+A config LlamaFactory would reject after loading a model for a minute is rejected here at once,
+with a message that says what to change. Then the system-managed parameters are set (the
+reference's ``SYSTEM_MANAGED_PARAMS`` plus what a worker needs): outputs go to ``output/`` in the
+workspace, old outputs and dataset caches are overwritten, only model weights are saved (no
+optimizer state), evaluation uses batch 1, nothing reports to an online tracker, and datasets are
+looked up in the workspace (``dataset_dir: .``) unless the candidate chose a folder.
+
+``model_name_or_path`` becomes the absolute model path: LlamaFactory writes it into
+``adapter_config.json`` as ``base_model_name_or_path``, and the benchmark stage, on another
+worker, loads the adapter's base model from there. The reference's ``/assets/...`` constants are
+mapped onto this worker's assets directory.
+
+YAML is read the way LlamaFactory reads it (OmegaConf's loader): ``1e-4`` is a float, dates stay
+strings, a key given twice is an error. The rewritten text is dumped so that it loads back to the
+same values there. Comments and formatting of the original are not kept; every value is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Values the evaluator owns; a candidate's own value for these is replaced.
+SYSTEM_MANAGED_PARAMS: dict[str, Any] = {
+    "output_dir": "output",
+    "overwrite_output_dir": True,
+    "overwrite_cache": True,
+    "save_only_model": True,
+    "per_device_eval_batch_size": 1,
+    "report_to": "none",
+}
+DEFAULT_DATASET_DIR = "."
+DATASET_INFO = "dataset_info.json"
+#: The reference's asset root (REFERENCE.md §1 constants), as it may appear in a candidate's config.
+REFERENCE_ASSETS = PurePosixPath("/assets")
+#: LlamaFactory's training stages (``FinetuningArguments.stage``).
+STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
+_MAX_LISTED = 30
+
+
+class TrainConfigError(Exception):
+    """train.yaml cannot be used; ``message`` says what to change."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class PreparedTrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    yaml_text: str
+    model_path: Path
+    finetuning_type: str
+    datasets: list[str]
+    #: System-managed keys whose value the candidate had set differently (they were replaced).
+    overridden: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- YAML as LlamaFactory reads it
+
+# OmegaConf's float pattern: YAML 1.2 style, so ``1e-4`` and ``5e-5`` are floats (YAML 1.1 says str).
+_FLOAT = re.compile(
+    r"""^(?:
+     [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Loader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # OmegaConf refuses duplicate keys; PyYAML would silently keep the last one.
+        seen: dict[str, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                if key_node.value in seen:
+                    first = seen[key_node.value]
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key_node.value!r} appears twice (first at line {first.line + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key_node.value] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+for _cls in (_Loader, _Dumper):
+    _cls.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
+# Dates stay strings when read (as in OmegaConf). The dumper keeps the timestamp rule, so it quotes
+# date-like strings and any YAML reader, OmegaConf or not, reads them back as strings.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _TIMESTAMP_TAG]
+    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
+}
+
+
+def _load_yaml(text: str, what: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise TrainConfigError(
+            f"{what} is not valid YAML: {problem}{where}; fix the syntax (indent with spaces, "
+            "quote values that contain ': ' or ' #')"
+        ) from None
+
+
+def _dump_yaml(config: dict[str, Any]) -> str:
+    return yaml.dump(
+        config, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10_000
+    )
+
+
+# ---------------------------------------------------------------- model
+
+
+def available_models(models_dir: Path) -> list[str]:
+    """Model folder names under ``models_dir``: ``name`` or ``org/name`` (one level of nesting)."""
+    if not models_dir.is_dir():
+        return []
+    names: list[str] = []
+    for entry in sorted(models_dir.iterdir()):
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        if (entry / "config.json").is_file():
+            names.append(entry.name)
+            continue
+        nested = [s.name for s in sorted(entry.iterdir()) if s.is_dir() and not s.name.startswith(".")]
+        if nested:
+            names.extend(f"{entry.name}/{name}" for name in nested)
+        else:
+            names.append(entry.name)
+    return names
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:_MAX_LISTED])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > _MAX_LISTED else "")
+
+
+def _map_reference_path(path: Path, assets_dir: Path) -> Path | None:
+    """``/assets/x`` (the reference's constant) as this worker's ``<assets>/x``, if it differs."""
+    try:
+        rest = PurePosixPath(path.as_posix()).relative_to(REFERENCE_ASSETS)
+    except ValueError:
+        return None
+    return assets_dir / rest
+
+
+def _resolve_model(raw: str, assets_dir: Path) -> Path:
+    models_dir = assets_dir / "models"
+    path = Path(raw)
+    if path.is_absolute():
+        if path.is_dir():
+            return path
+        mapped = _map_reference_path(path, assets_dir)
+        if mapped is not None and mapped.is_dir():
+            return mapped
+    elif ".." not in path.parts and (models_dir / path).is_dir():
+        return models_dir / path
+    models = available_models(models_dir)
+    hint = (
+        f"available models: {_listing(models)} (write one of these names, or an absolute path)"
+        if models
+        else f"no models are installed under {models_dir}"
+    )
+    raise TrainConfigError(
+        f"model_name_or_path {raw!r} is neither a folder under {models_dir} nor an existing absolute "
+        f"path; models are not downloaded during evaluation; {hint}"
+    )
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def _dataset_names(value: Any, key: str) -> list[str]:
+    """LlamaFactory accepts ``a,b`` or a YAML list of names."""
+    if value is None:
+        return []
+    items: list[Any] = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise TrainConfigError(
+            f"{key} must be a dataset name, a comma-separated string of names or a list of names; "
+            f"got {value!r}"
+        )
+    return [name.strip() for name in items if name.strip()]
+
+
+def _dataset_dir(value: Any, workspace_dir: Path, assets_dir: Path) -> Path:
+    if not isinstance(value, str) or not value.strip():
+        raise TrainConfigError(f"dataset_dir must be a folder path; got {value!r} (or leave it out)")
+    if value.strip() == "ONLINE":
+        raise TrainConfigError(
+            "dataset_dir: ONLINE loads datasets from the Hugging Face Hub, which training cannot reach; "
+            f"declare the processed data in the workspace's {DATASET_INFO} and leave dataset_dir out"
+        )
+    path = Path(value.strip())
+    if path.is_absolute():
+        if path.is_dir():
+            return path
+        mapped = _map_reference_path(path, assets_dir)
+        return mapped if mapped is not None and mapped.is_dir() else path
+    if ".." in path.parts:
+        raise TrainConfigError(
+            f"dataset_dir {value!r} leaves the workspace; use a folder inside it, or leave dataset_dir out"
+        )
+    return workspace_dir / path
+
+
+def _declared_datasets(dataset_dir: Path, shown_dir: str) -> dict[str, Any]:
+    info_path = dataset_dir / DATASET_INFO
+    where = "the workspace root" if shown_dir == DEFAULT_DATASET_DIR else f"dataset_dir {shown_dir!r}"
+    if not info_path.is_file():
+        raise TrainConfigError(
+            f"no {DATASET_INFO} in {where}: LlamaFactory finds datasets through it; add one such as "
+            '{"processed_data": {"file_name": "data.json", "formatting": "alpaca"}} and name that '
+            "dataset in train.yaml"
+        )
+    try:
+        info = json.loads(info_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        pos = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise TrainConfigError(f"{DATASET_INFO} in {where} is not valid JSON: {reason}{pos}") from None
+    if not isinstance(info, dict):
+        raise TrainConfigError(
+            f"{DATASET_INFO} in {where} must be a JSON object mapping dataset names to their "
+            f"descriptions; it is a {type(info).__name__}"
+        )
+    return info
+
+
+def _check_declared(names: list[str], key: str, declared: dict[str, Any]) -> None:
+    missing = [n for n in names if n not in declared]
+    if missing:
+        known = _listing(sorted(declared)) if declared else "none"
+        raise TrainConfigError(
+            f"{key} {', '.join(repr(n) for n in missing)} in train.yaml "
+            f"{'is' if len(missing) == 1 else 'are'} not declared in {DATASET_INFO} "
+            f"(declared: {known}); use a declared name or add an entry for it"
+        )
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> PreparedTrainConfig:
+    """Check train.yaml against this worker's assets and the workspace, and set managed values."""
+    assets_dir = assets_dir.absolute()
+    workspace_dir = workspace_dir.absolute()
+    config = _load_yaml(text, "train.yaml")
+    if config is None:
+        raise TrainConfigError(
+            "train.yaml is empty: write LlamaFactory training arguments as `key: value` lines"
+        )
+    if not isinstance(config, dict):
+        raise TrainConfigError(
+            "train.yaml must be a mapping of LlamaFactory arguments (`key: value` lines); "
+            f"it is a YAML {type(config).__name__}"
+        )
+
+    raw_model = config.get("model_name_or_path")
+    if raw_model is None or (isinstance(raw_model, str) and not raw_model.strip()):
+        models = available_models(assets_dir / "models")
+        raise TrainConfigError(
+            "train.yaml has no model_name_or_path: set it to the base model"
+            + (f" (available: {_listing(models)})" if models else "")
+        )
+    if not isinstance(raw_model, str):
+        raise TrainConfigError(f"model_name_or_path must be a string; got {raw_model!r}")
+    model_path = _resolve_model(raw_model.strip(), assets_dir)
+
+    stage = config.get("stage")
+    if stage is not None and stage not in STAGES:
+        raise TrainConfigError(f"stage {stage!r} is not one of LlamaFactory's stages: {', '.join(STAGES)}")
+    if config.get("do_train") is False:
+        raise TrainConfigError(
+            "train.yaml sets do_train: false; this evaluation trains a model: set do_train: true"
+        )
+    finetuning_type = config.get("finetuning_type", "lora")  # LlamaFactory's default
+    if not isinstance(finetuning_type, str) or not finetuning_type.strip():
+        raise TrainConfigError(
+            f"finetuning_type must be a string such as lora or full; got {finetuning_type!r}"
+        )
+
+    dataset_dir_value = config.get("dataset_dir")
+    if dataset_dir_value is None:  # left out or `dataset_dir:` with no value: the workspace
+        dataset_dir_value = config["dataset_dir"] = DEFAULT_DATASET_DIR
+    dataset_dir = _dataset_dir(dataset_dir_value, workspace_dir, assets_dir)
+    declared = _declared_datasets(dataset_dir, str(dataset_dir_value).strip())
+    datasets = _dataset_names(config.get("dataset"), "dataset")
+    if not datasets:
+        raise TrainConfigError(
+            "train.yaml names no dataset: set `dataset:` to the name(s) declared in "
+            f"{DATASET_INFO} (declared: {_listing(sorted(declared)) if declared else 'none'})"
+        )
+    _check_declared(datasets, "dataset", declared)
+    _check_declared(_dataset_names(config.get("eval_dataset"), "eval_dataset"), "eval_dataset", declared)
+
+    overridden = [k for k, v in SYSTEM_MANAGED_PARAMS.items() if k in config and config[k] != v]
+    config.update(SYSTEM_MANAGED_PARAMS)
+    config["model_name_or_path"] = str(model_path)
+    # `llamafactory-cli train` with do_train left out (default false) would exit 0 having trained nothing.
+    if config.get("do_train") is None:
+        config["do_train"] = True
+    if isinstance(dataset_dir_value, str) and Path(dataset_dir_value.strip()).is_absolute():
+        config["dataset_dir"] = str(dataset_dir)
+
+    header = "# Rewritten by ftbus: system-managed values set, model_name_or_path made absolute.\n"
+    return PreparedTrainConfig(
+        yaml_text=header + _dump_yaml(config),
+        model_path=model_path,
+        finetuning_type=finetuning_type.strip(),
+        datasets=datasets,
+        overridden=overridden,
+    )

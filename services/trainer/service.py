@@ -1,0 +1,151 @@
+"""The trainer stage: check ``train.yaml``, run LlamaFactory, keep its outputs and loss history.
+
+Consumes ``data.completed``; publishes ``train.completed`` or ``train.failed``. Training progress
+(step, total, loss, ETA) is read from ``output/trainer_log.jsonl`` while it runs and published
+on ``ftbus.progress.<request_id>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+from pathlib import Path
+
+from services.trainer.config import TrainConfigError, prepare_train_yaml
+from services.trainer.outputs import extract_loss_history, find_model_files, output_files_to_keep
+from services.trainer.progress import TrainerLogFollower
+from shared.artifacts import materialise
+from shared.bus import Bus
+from shared.events import (
+    DataResult,
+    FailedStage,
+    Stage,
+    StageOutcome,
+    TrainingMetrics,
+    TrainResult,
+    TrainSummary,
+    WorkspaceFile,
+)
+from shared.logs import get_logger
+from shared.runtime import Outgoing, StageContext, StageWorker
+
+log = get_logger("ftbus.trainer")
+
+# LlamaFactory and the HF libraries must never reach for the network: assets are local.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "DISABLE_VERSION_CHECK": "1",
+    "WANDB_DISABLED": "true",
+    "WANDB_MODE": "disabled",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONWARNINGS": "ignore",
+}
+
+
+def _result(event: DataResult, ctx: StageContext, train: TrainSummary, error: str | None) -> list[Outgoing]:
+    ok = error is None
+    result = TrainResult(
+        request_id=event.request_id,
+        ok=ok,
+        context=event.context,
+        data=event.data,
+        train=train,
+        failed_stage=None if ok else FailedStage.training,
+        error=error,
+    )
+    if ok:
+        return [Outgoing(ctx.subjects.train_completed, result, "completed")]
+    log.info("training failed", error=error)
+    return [Outgoing(ctx.subjects.train_failed, result, "failed")]
+
+
+async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    settings = ctx.settings
+    rid = event.request_id
+    workspace = ctx.workdir / "workspace"
+    await materialise(ctx.artifacts, event.context.workspace, workspace)
+    if event.data.data is None:  # a malformed upstream event: retrying cannot fix it
+        return _result(event, ctx, TrainSummary(), "internal error: data.completed carried no data.json")
+    await ctx.artifacts.get_to_file(event.data.data, workspace / "data.json")
+
+    original_yaml = (workspace / "train.yaml").read_text(errors="replace")
+    try:
+        prepared = prepare_train_yaml(original_yaml, assets_dir=settings.assets, workspace_dir=workspace)
+    except TrainConfigError as exc:
+        return _result(event, ctx, TrainSummary(train_yaml=original_yaml), f"train.yaml rejected: {exc}")
+    (workspace / "train.yaml").write_text(prepared.yaml_text)
+
+    timeout = settings.timeout_for("training", event.context.timeouts.training)
+    output_dir = workspace / "output"
+    log_path = ctx.workdir / "training.log"
+    env = {**OFFLINE_ENV, "FTBUS_ASSETS_DIR": str(settings.assets)}
+    stop_following = asyncio.Event()
+    follower = asyncio.create_task(_publish_progress(ctx, output_dir / "trainer_log.jsonl", stop_following))
+    try:
+        run = await ctx.runner.run(
+            shlex.split(settings.train_command),
+            cwd=workspace,
+            env=env,
+            timeout_s=timeout,
+            log_path=log_path,
+            tail_chars=settings.log_tail_chars,
+        )
+    finally:
+        stop_following.set()
+        with contextlib.suppress(Exception):
+            await follower
+
+    log_ref = await ctx.artifacts.put_file(f"{rid}/logs/training.log", log_path)
+    kind, model_files = find_model_files(output_dir)
+    history = extract_loss_history(output_dir)
+    outputs = await _upload_outputs(ctx, rid, workspace, output_dir)
+    summary = TrainSummary(
+        outcome=StageOutcome(
+            exit_code=run.exit_code,
+            timed_out=run.timed_out,
+            duration_s=run.duration_s,
+            timeout_s=timeout,
+            log=log_ref,
+            log_tail=run.output_tail,
+        ),
+        model_kind=kind,
+        model_files=model_files,
+        outputs=outputs,
+        base_model_path=str(prepared.model_path),
+        training_metrics=TrainingMetrics.from_history(history),
+        train_yaml=prepared.yaml_text,
+    )
+    if run.timed_out:
+        error: str | None = f"training timed out after {timeout:.0f} s (exit code 124)"
+    elif run.exit_code != 0:
+        error = f"training exited with code {run.exit_code}"
+    elif not model_files:
+        error = "training exited 0 but wrote no model files (output/*.safetensors, *.bin, adapter_*)"
+    else:
+        error = None
+    log.info("training done", exit_code=run.exit_code, model_kind=kind, steps=len(history.train))
+    return _result(event, ctx, summary, error)
+
+
+async def _publish_progress(ctx: StageContext, trainer_log: Path, stop: asyncio.Event) -> None:
+    async for point in TrainerLogFollower(trainer_log).follow(stop):
+        await ctx.progress(step=point.step, total=point.total, loss=point.loss, eta_s=point.eta_s,
+                           message="training")
+
+
+async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_dir: Path) -> list[WorkspaceFile]:
+    uploaded: list[WorkspaceFile] = []
+    for path in output_files_to_keep(output_dir):
+        rel = path.relative_to(workspace).as_posix()
+        ref = await ctx.artifacts.put_file(f"{rid}/{rel}", path)
+        uploaded.append(WorkspaceFile(path=rel, ref=ref))
+    return uploaded
+
+
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
+    await StageWorker(bus, Stage.train, handle, (DataResult,), concurrency=concurrency).run(stop)

@@ -1,0 +1,1 @@
+"""ftbus's common library: events, codec, subjects, bus runtime, artifacts, runners, settings, CLI."""

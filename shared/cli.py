@@ -1,0 +1,382 @@
+"""The ``ftbus`` command line.
+
+Exit codes of ``submit --wait`` (and ``get``): 0 = final_decision true, 1 = false,
+2 = usage or infrastructure error (including an error verdict).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import signal
+import sys
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.bus import Bus, NotConnected
+from shared.events import Progress, Report, Stage, TaskSpec, Timeouts, Verdict
+from shared.logs import get_logger, setup_logging
+from shared.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="ftbus",
+    help="Evaluate LLM fine-tuning candidates over NATS JetStream: data -> train -> benchmark -> judge.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+assets_app = typer.Typer(help="Offline assets: base models, raw datasets, benchmarks.", no_args_is_help=True)
+app.add_typer(assets_app, name="assets")
+
+err = Console(stderr=True)
+out = Console()
+
+SERVICE_MODULES: dict[Stage, str] = {
+    Stage.data: "services.data.service",
+    Stage.train: "services.trainer.service",
+    Stage.bench: "services.benchmark.service",
+    Stage.judge: "services.judge.service",
+    Stage.aggregate: "services.aggregator.main",
+}
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="YAML settings file (same keys as FTBUS_* variables).")
+]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--nats-url", envvar="FTBUS_NATS_URL", help="NATS server; default: the one `ftbus up` started."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout, for scripts.")]
+
+
+def _settings(config: Path | None, url: str | None = None) -> Settings:
+    try:
+        settings = load_settings(str(config) if config else None)
+    except Exception as exc:
+        err.print(f"[red]error:[/] invalid settings: {exc}")
+        raise typer.Exit(2) from None
+    if url:
+        settings = settings.model_copy(update={"nats_url": url})
+    setup_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+def _run(coro: Awaitable[int]) -> None:
+    try:
+        code = asyncio.run(coro)  # type: ignore[arg-type]
+    except NotConnected as exc:
+        err.print(f"[red]error:[/] {exc}")
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    raise typer.Exit(code)
+
+
+async def run_services(bus: Bus, stages: list[Stage], concurrency: int, stop: asyncio.Event) -> None:
+    tasks = []
+    for stage in stages:
+        module = importlib.import_module(SERVICE_MODULES[stage])
+        tasks.append(asyncio.create_task(module.run(bus, stop, concurrency), name=stage.value))
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        if task.exception():
+            raise task.exception()  # type: ignore[misc]
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+# ---------------------------------------------------------------------- up / worker
+
+
+@app.command()
+def up(
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+    concurrency: Annotated[int, typer.Option(help="Workers per stage in this process.")] = 1,
+) -> None:
+    """Start everything on this machine: an embedded nats-server (unless --nats-url) and all five services."""
+    settings = _settings(config, nats_url)
+    log = get_logger("ftbus.up")
+
+    async def main() -> int:
+        from shared.embedded import EmbeddedServer
+
+        server = None
+        url = settings.nats_url
+        if not url:
+            settings.home.mkdir(parents=True, exist_ok=True)
+            server = EmbeddedServer(
+                settings.home / "nats", url_file=settings.url_file, log_file=settings.home / "nats-server.log"
+            )
+            url = server.start()
+        err.print(f"ftbus is up: NATS at [bold]{url}[/] (home {settings.home}). Ctrl-C stops it.")
+        log.info("ftbus up", nats_url=url, embedded=server is not None)
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        try:
+            bus = await Bus.connect(settings, name="ftbus-up", url=url)
+            try:
+                await bus.ensure_topology()
+                await run_services(bus, list(Stage), concurrency, stop)
+            finally:
+                await bus.close()
+        finally:
+            if server:
+                server.stop()
+        return 0
+
+    _run(main())
+
+
+@app.command()
+def worker(
+    stage: Annotated[Stage, typer.Argument(help="Which stage this worker runs.")],
+    concurrency: Annotated[int, typer.Option(help="Messages handled at once by this worker.")] = 1,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Run one stage's worker against a running server (scale a stage by starting more of these)."""
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        bus = await Bus.connect(settings, name=f"ftbus-{stage.value}")
+        try:
+            await bus.ensure_topology()
+            await run_services(bus, [stage], concurrency, stop)
+        finally:
+            await bus.close()
+        return 0
+
+    _run(main())
+
+
+# ---------------------------------------------------------------------- submit and friends
+
+
+def _exit_code(verdict: Verdict) -> int:
+    if verdict.status == "error":
+        return 2
+    return 0 if verdict.final_decision else 1
+
+
+@app.command()
+def submit(
+    workspace: Annotated[Path, typer.Argument(help="Folder with process_data.py, train.yaml, dataset_info.json.")],
+    base_model: Annotated[str, typer.Option("--base-model", help="Folder under assets/models, or absolute path.")],
+    benchmark: Annotated[str, typer.Option("--benchmark", help="Benchmark name from the registry.")],
+    description: Annotated[str, typer.Option(help="What the candidate tries to achieve.")] = "",
+    dataset: Annotated[
+        list[str] | None, typer.Option("--dataset", help="Raw dataset under assets/datasets it reads (repeatable).")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Show live progress, then the verdict.")] = False,
+    as_json: JsonOpt = False,
+    data_timeout: Annotated[float | None, typer.Option(help="Lower the data-processing timeout (s).")] = None,
+    train_timeout: Annotated[float | None, typer.Option(help="Lower the training timeout (s).")] = None,
+    bench_timeout: Annotated[float | None, typer.Option(help="Lower the benchmark timeout (s).")] = None,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Upload a workspace and request its evaluation; print the request id (or, with --wait, the verdict)."""
+    settings = _settings(config, nats_url)
+    task = TaskSpec(
+        base_model=base_model, benchmark=benchmark, description=description, involving_datasets=dataset or []
+    )
+    timeouts = Timeouts(data_processing=data_timeout, training=train_timeout, benchmark=bench_timeout)
+
+    async def main() -> int:
+        from shared.artifacts import ArtifactError
+        from shared.client import FtbusClient
+        from shared.paths import UnsafePath
+
+        async with await FtbusClient.connect(settings) as client:
+            try:
+                rid = await client.submit(workspace, task, timeouts)
+            except (FileNotFoundError, UnsafePath, ArtifactError) as exc:
+                err.print(f"[red]error:[/] {exc}")
+                return 2
+            if not wait:
+                if as_json:
+                    print(json.dumps({"request_id": rid}))
+                else:
+                    out.print(rid)
+                return 0
+            err.print(f"submitted [bold]{rid}[/]")
+            from shared.progress_view import ProgressView
+
+            with ProgressView(err) as view:
+                verdict = await client.wait(rid, on_progress=view.update)
+            _print_verdict(verdict, as_json)
+            return _exit_code(verdict)
+
+    _run(main())
+
+
+@app.command()
+def get(
+    request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
+    report: Annotated[bool, typer.Option("--report", help="The full report, with the hidden test split.")] = False,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Print a request's verdict (or report). Exit 0/1 by final_decision, 2 when there is none yet."""
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from shared.client import FtbusClient
+
+        async with await FtbusClient.connect(settings) as client:
+            verdict = await client.get(request_id, report=report)
+        if verdict is None:
+            err.print(f"no {'report' if report else 'verdict'} for {request_id} yet (see `ftbus status {request_id}`)")
+            return 2
+        _print_verdict(verdict, as_json)
+        return _exit_code(verdict)
+
+    _run(main())
+
+
+@app.command()
+def status(
+    request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Where a request is: status, current stage, per-stage timings, last progress."""
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from shared.client import FtbusClient
+
+        async with await FtbusClient.connect(settings) as client:
+            record = await client.status(request_id)
+        if record is None:
+            err.print(f"unknown request {request_id}")
+            return 2
+        if as_json:
+            print(record.model_dump_json(exclude={"judge", "verdict", "report", "benchmark_test"}))
+            return 0
+        table = Table(title=f"{request_id}: {record.status}" + (f" ({record.stage})" if record.stage else ""))
+        for col in ("stage", "attempts", "started", "finished", "seconds", "ok"):
+            table.add_column(col)
+        for name, t in record.stages.items():
+            table.add_row(
+                name,
+                str(t.attempts),
+                t.started_at.strftime("%H:%M:%S") if t.started_at else "",
+                t.finished_at.strftime("%H:%M:%S") if t.finished_at else "",
+                f"{t.duration_s:.1f}" if t.duration_s is not None else "",
+                "" if t.ok is None else ("yes" if t.ok else "no"),
+            )
+        out.print(table)
+        if record.progress and not record.terminal:
+            p = record.progress
+            out.print(f"last progress: {p.stage.value} {p.message} step {p.step}/{p.total} loss {p.loss}")
+        if record.final_decision is not None:
+            out.print(f"final_decision: {record.final_decision}")
+        return 0
+
+    _run(main())
+
+
+@app.command()
+def cancel(
+    request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
+    reason: Annotated[str, typer.Option(help="Recorded in the verdict.")] = "cancelled by user",
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Cancel a request: its running process tree is killed and its verdict says cancelled."""
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from shared.client import FtbusClient
+
+        async with await FtbusClient.connect(settings) as client:
+            await client.cancel(request_id, reason)
+        err.print(f"cancel requested for {request_id}")
+        return 0
+
+    _run(main())
+
+
+@app.command()
+def watch(
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Follow every request: progress events and verdicts as they happen (Ctrl-C stops)."""
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from shared.client import FtbusClient
+
+        async with await FtbusClient.connect(settings) as client:
+            async for item in client.watch():
+                if as_json:
+                    print(json.dumps({"type": type(item).__name__, **item.model_dump(mode="json")}), flush=True)
+                elif isinstance(item, Progress):
+                    step = f" step {item.step}/{item.total}" if item.step is not None else ""
+                    loss = f" loss {item.loss:.4f}" if item.loss is not None else ""
+                    out.print(f"{item.request_id}  {item.stage.value:<9} {item.state:<8}{step}{loss} {item.message}")
+                else:
+                    out.print(f"{item.request_id}  [bold]verdict[/] {item.status} final_decision={item.final_decision}")
+        return 0
+
+    _run(main())
+
+
+# ---------------------------------------------------------------------- assets
+
+
+@assets_app.command("init")
+def assets_init(config: ConfigOpt = None) -> None:
+    """Build, offline, a tiny base model, a raw dataset and a benchmark under the assets directory."""
+    settings = _settings(config)
+    from shared.assets import AssetsError, build_assets
+
+    toolchain = settings.toolchain_path()
+    try:
+        build_assets(settings.assets, (toolchain / "python") if toolchain else Path("python"))
+    except AssetsError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    err.print(f"assets ready in {settings.assets}")
+
+
+# ---------------------------------------------------------------------- output
+
+
+def _print_verdict(verdict: Verdict | Report, as_json: bool) -> None:
+    if as_json:
+        print(verdict.model_dump_json())
+        return
+    from shared.verdict_view import render_verdict
+
+    render_verdict(out, verdict)
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        sys.exit(2)
+

@@ -1,0 +1,188 @@
+"""The async Python client: submit, wait, watch, status, get, cancel.
+
+    async with await FtbusClient.connect(Settings()) as client:
+        rid = await client.submit(Path("examples/lora"), TaskSpec(base_model="tiny-llama", benchmark="tiny-arith"))
+        verdict = await client.wait(rid, on_progress=print)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from nats.js import api
+from nats.js.errors import KeyNotFoundError, NotFoundError
+
+from shared import codec
+from shared.artifacts import upload_dir
+from shared.bus import Bus
+from shared.events import (
+    CancelRequested,
+    EvalRequested,
+    Progress,
+    Report,
+    RequestContext,
+    TaskSpec,
+    Timeouts,
+    Verdict,
+)
+from shared.records import RequestRecord
+from shared.settings import Settings
+from shared.subjects import msg_id
+
+ProgressCallback = Callable[[Progress], Awaitable[None] | None]
+
+
+def new_request_id() -> str:
+    """Sortable by submission time, unique without coordination."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
+
+
+class WaitTimeout(TimeoutError):
+    pass
+
+
+class FtbusClient:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.s = bus.subjects
+
+    @classmethod
+    async def connect(cls, settings: Settings, url: str | None = None) -> FtbusClient:
+        bus = await Bus.connect(settings, name="ftbus-client", url=url)
+        await bus.ensure_topology()
+        return cls(bus)
+
+    async def close(self) -> None:
+        await self.bus.close()
+
+    async def __aenter__(self) -> FtbusClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit(
+        self,
+        workspace: Path,
+        task: TaskSpec,
+        timeouts: Timeouts | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        if not workspace.is_dir():
+            raise FileNotFoundError(f"workspace {workspace} is not a folder")
+        rid = request_id or new_request_id()
+        settings = self.bus.settings
+        files = await upload_dir(
+            await self.bus.artifacts(),
+            f"{rid}/workspace",
+            workspace,
+            max_bytes=settings.max_workspace_bytes,
+            max_files=settings.max_workspace_files,
+            exclude=_exclude_outputs,
+        )
+        event = EvalRequested(
+            request_id=rid,
+            context=RequestContext(task=task, workspace=files, timeouts=timeouts or Timeouts()),
+        )
+        await self.bus.publish(self.s.eval_requested, event, msg_id(rid, "submit", "requested"))
+        return rid
+
+    async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
+        event = CancelRequested(request_id=request_id, reason=reason)
+        await self.bus.publish(self.s.cancel, event, msg_id(request_id, "control", "cancel"))
+
+    # ------------------------------------------------------------------ results
+
+    async def get(self, request_id: str, report: bool = False) -> Verdict | Report | None:
+        stream = self.s.stream_reports if report else self.s.stream_verdicts
+        subject = self.s.report(request_id) if report else self.s.verdict(request_id)
+        try:
+            raw = await self.bus.js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return None
+        return codec.decode(raw.data or b"", Report if report else Verdict)
+
+    async def status(self, request_id: str) -> RequestRecord | None:
+        kv = await self.bus.kv(self.s.kv_requests)
+        try:
+            entry = await kv.get(request_id)
+        except KeyNotFoundError:
+            return None
+        return RequestRecord.model_validate_json(entry.value) if entry.value else None
+
+    async def wait(
+        self,
+        request_id: str,
+        on_progress: ProgressCallback | None = None,
+        timeout_s: float | None = None,
+        report: bool = False,
+    ) -> Verdict | Report:
+        """Block until the verdict (or report) exists; progress events go to ``on_progress``."""
+        progress_sub = None
+        if on_progress is not None:
+
+            async def _progress(msg: Any) -> None:
+                with contextlib.suppress(codec.CodecError):
+                    result = on_progress(codec.decode(msg.data, Progress))
+                    if asyncio.iscoroutine(result):
+                        await result
+
+            progress_sub = await self.bus.nc.subscribe(self.s.progress(request_id), cb=_progress)
+        subject = self.s.report(request_id) if report else self.s.verdict(request_id)
+        sub = await self.bus.js.subscribe(subject, ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL)
+        try:
+            msg = await sub.next_msg(timeout=timeout_s) if timeout_s else await _next(sub)
+        except TimeoutError as exc:
+            raise WaitTimeout(f"no verdict for {request_id} within {timeout_s} s") from exc
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            if progress_sub is not None:
+                with contextlib.suppress(Exception):
+                    await progress_sub.unsubscribe()
+        return codec.decode(msg.data, Report if report else Verdict)
+
+    async def watch(self) -> AsyncIterator[Progress | Verdict]:
+        """Every progress event and every new verdict, as they happen."""
+        queue: asyncio.Queue[Progress | Verdict] = asyncio.Queue()
+
+        async def _push(msg: Any) -> None:
+            with contextlib.suppress(codec.CodecError):
+                await queue.put(codec.decode(msg.data, (Progress, Verdict)))
+
+        progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=_push)
+        verdict_sub = await self.bus.js.subscribe(
+            self.s.verdict(), cb=_push, ordered_consumer=True, deliver_policy=api.DeliverPolicy.NEW
+        )
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            for sub in (progress_sub, verdict_sub):
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+
+async def _next(sub: Any) -> Any:
+    while True:
+        try:
+            return await sub.next_msg(timeout=3600)
+        except TimeoutError:
+            continue
+
+
+def _exclude_outputs(path: Any) -> bool:
+    """Leftovers of a local run are not part of the candidate (the reference's clear_workspace)."""
+    top = path.parts[0] if path.parts else ""
+    return top in {"output", "benchmark_results", "merged_model", "data.json", "data_stats.json"}

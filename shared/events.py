@@ -1,0 +1,368 @@
+"""Event models: every message on the bus is one of these, msgpack-encoded (see codec.py).
+
+Field names follow the reference evaluator where it has them (``execution``, ``return_checking``,
+``code``, ``final_decision``, ``raw_execution``, ``failed_stage``, ``accuracy_summary`` ...), so that
+its users can map one to one. Every stage event carries what later stages need, so stage services
+stay stateless: a ``RequestContext`` travels with the request from start to verdict.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_VERSION = 1
+
+RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class Stage(StrEnum):
+    """The worker stages, as named on the command line (`ftbus worker STAGE`)."""
+
+    data = "data"
+    train = "train"
+    bench = "bench"
+    judge = "judge"
+    aggregate = "aggregate"
+
+
+class FailedStage(StrEnum):
+    """Where a request stopped. The first two are the reference evaluator's names."""
+
+    precheck = "precheck"
+    data_processing = "data_processing"
+    training = "training"
+    benchmark = "benchmark"
+    judge = "judge"
+    aggregate = "aggregate"
+    cancelled = "cancelled"
+
+
+class ArtifactRef(Model):
+    """A file in the artifact store. Events carry these, never the file itself."""
+
+    name: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class WorkspaceFile(Model):
+    """One file of the candidate's workspace: its path inside the workspace and where it is stored.
+
+    The path is a plain string on purpose: a path that escapes the workspace must reach the
+    data stage's pre-check, which turns it into a clear verdict instead of an undecodable message.
+    """
+
+    path: str
+    ref: ArtifactRef
+
+
+class TaskSpec(Model):
+    base_model: str = Field(min_length=1)
+    benchmark: str = Field(min_length=1)
+    description: str = ""
+    involving_datasets: list[str] = Field(default_factory=list)
+    name: str = "LLM-Fine-Tuning"
+
+
+class Timeouts(Model):
+    """Per-request stage timeouts in seconds. ``None`` = the worker's setting; a request may only lower it."""
+
+    data_processing: float | None = Field(default=None, gt=0)
+    training: float | None = Field(default=None, gt=0)
+    benchmark: float | None = Field(default=None, gt=0)
+
+
+class RequestContext(Model):
+    task: TaskSpec
+    workspace: list[WorkspaceFile]
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    submitted_at: datetime = Field(default_factory=utcnow)
+
+    def file(self, path: str) -> WorkspaceFile | None:
+        return next((f for f in self.workspace if f.path == path), None)
+
+
+class Event(Model):
+    subject_kind: ClassVar[str] = ""
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: RequestId
+    emitted_at: datetime = Field(default_factory=utcnow)
+
+
+class StageOutcome(Model):
+    """How one run of candidate code ended (the reference's EnvResult, made explicit)."""
+
+    exit_code: int
+    timed_out: bool = False
+    duration_s: float = 0.0
+    timeout_s: float | None = None
+    log: ArtifactRef | None = None
+    log_tail: str = ""
+
+
+# ---------------------------------------------------------------- request
+
+
+class EvalRequested(Event):
+    context: RequestContext
+
+
+class CancelRequested(Event):
+    reason: str = "cancelled by user"
+
+
+# ---------------------------------------------------------------- data
+
+
+class ColumnStats(Model):
+    empty_count: int
+    min_tokens: int
+    max_tokens: int
+    p50_tokens: int
+    p99_tokens: int
+
+
+class DataStats(Model):
+    total_samples: int
+    token_stats: dict[str, ColumnStats]
+    tokenizer: str
+    stdout_summary: str = ""
+
+
+class DataSummary(Model):
+    """What the data stage produced, carried by every later event."""
+
+    data: ArtifactRef | None = None
+    data_stats: DataStats | None = None
+    data_stats_ref: ArtifactRef | None = None
+    cached: bool = False
+    cache_key: str | None = None
+    outcome: StageOutcome | None = None
+
+
+class DataResult(Event):
+    ok: bool
+    context: RequestContext
+    data: DataSummary
+    failed_stage: FailedStage | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- training
+
+
+class TrainLossPoint(Model):
+    step: int
+    epoch: float | None = None
+    loss: float
+
+
+class EvalLossPoint(Model):
+    step: int
+    epoch: float | None = None
+    eval_loss: float
+
+
+class LossHistory(Model):
+    train: list[TrainLossPoint] = Field(default_factory=list)
+    eval: list[EvalLossPoint] = Field(default_factory=list)
+
+
+class TrainingMetrics(Model):
+    loss_history: LossHistory = Field(default_factory=LossHistory)
+    final_loss: float | None = None
+    initial_loss: float | None = None
+
+    @classmethod
+    def from_history(cls, history: LossHistory) -> TrainingMetrics:
+        return cls(
+            loss_history=history,
+            final_loss=history.train[-1].loss if history.train else None,
+            initial_loss=history.train[0].loss if history.train else None,
+        )
+
+
+class TrainSummary(Model):
+    outcome: StageOutcome | None = None
+    model_kind: Literal["lora", "full"] | None = None
+    model_files: list[str] = Field(default_factory=list)
+    outputs: list[WorkspaceFile] = Field(default_factory=list)
+    base_model_path: str | None = None
+    training_metrics: TrainingMetrics = Field(default_factory=TrainingMetrics)
+    train_yaml: str = ""
+
+
+class TrainResult(Event):
+    ok: bool
+    context: RequestContext
+    data: DataSummary
+    train: TrainSummary
+    failed_stage: FailedStage | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- benchmark
+
+
+class ErrorSample(Model):
+    question: str
+    gold: str
+    model_output: str
+
+
+class BenchmarkScores(Model):
+    """The reference's ``{accuracy_summary, error_samples}``, plus what makes it comparable."""
+
+    accuracy_summary: dict[str, dict[str, float]] = Field(default_factory=dict)
+    error_samples: list[ErrorSample] = Field(default_factory=list)
+    primary_metric: str | None = None
+    higher_is_better: bool = True
+    primary_value: float | None = None
+    item_ids: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class BaselineComparison(Model):
+    baseline: BenchmarkScores
+    primary_metric: str | None = None
+    candidate_value: float | None = None
+    baseline_value: float | None = None
+    difference: float | None = None
+
+
+class BenchResult(Event):
+    ok: bool
+    split: Literal["validation", "test"]
+    context: RequestContext
+    data: DataSummary
+    train: TrainSummary
+    benchmark: BenchmarkScores | None = None
+    baseline: BaselineComparison | None = None
+    outcome: StageOutcome | None = None
+    failed_stage: FailedStage | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------- judge and verdict
+
+
+class Feedback(Model):
+    """The reference's CoSTEERSingleFeedback text fields and decision."""
+
+    execution: str
+    return_checking: str
+    code: str
+    final_decision: bool
+
+
+class JudgeInfo(Model):
+    kind: Literal["rules", "llm"]
+    model: str | None = None
+    reason: str | None = None
+    rules_decision: bool
+    llm_decision: bool | None = None
+    attempts: int = 0
+
+
+class VerdictResult(Model):
+    benchmark: BenchmarkScores | None = None
+    training_metrics: TrainingMetrics = Field(default_factory=TrainingMetrics)
+    baseline: BaselineComparison | None = None
+    data_stats: DataStats | None = None
+    data_cached: bool = False
+
+
+class JudgeResult(Event):
+    context: RequestContext
+    feedback: Feedback
+    raw_execution: str = ""
+    failed_stage: FailedStage | None = None
+    judge: JudgeInfo
+    result: VerdictResult
+    artifacts: list[WorkspaceFile] = Field(default_factory=list)
+    expects_test: bool = False
+
+
+VerdictStatus = Literal["completed", "error", "cancelled"]
+
+
+class Verdict(Event):
+    """What the agent sees: the reference's feedback fields. Never holds test-split results."""
+
+    status: VerdictStatus
+    execution: str
+    return_checking: str
+    code: str
+    final_decision: bool
+    raw_execution: str = ""
+    failed_stage: FailedStage | None = None
+    result: VerdictResult = Field(default_factory=VerdictResult)
+    judge: JudgeInfo | None = None
+    artifacts: list[WorkspaceFile] = Field(default_factory=list)
+
+
+class Report(Verdict):
+    """The full record for dashboards: the verdict plus the hidden test split's results."""
+
+    benchmark_test: BenchmarkScores | None = None
+    benchmark_test_error: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class Progress(Event):
+    stage: Stage
+    state: Literal["started", "running", "finished", "failed", "retrying"] = "running"
+    step: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    eta_s: float | None = None
+    message: str = ""
+
+
+class DeadLetter(Model):
+    """A message that could not be processed. ``request_id`` is set when it could be read."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: str | None = None
+    emitted_at: datetime = Field(default_factory=utcnow)
+    original_subject: str
+    stage: Stage | None = None
+    reason: str
+    payload: bytes = b""
+    deliveries: int | None = None
+
+
+EVENT_TYPES: dict[str, type[BaseModel]] = {
+    cls.__name__: cls
+    for cls in (
+        EvalRequested,
+        CancelRequested,
+        DataResult,
+        TrainResult,
+        BenchResult,
+        JudgeResult,
+        Verdict,
+        Report,
+        Progress,
+        DeadLetter,
+    )
+}
+
+
+def event_type_name(event: BaseModel) -> str:
+    return type(event).__name__
+
+
+def json_safe(event: BaseModel) -> dict[str, Any]:
+    return event.model_dump(mode="json")

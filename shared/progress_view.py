@@ -1,0 +1,57 @@
+"""Live progress for `ftbus submit --wait`: one line per stage, a bar for training steps."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from shared.events import Progress as ProgressEvent
+
+STAGE_LABELS = {"data": "data", "train": "train", "bench": "benchmark", "judge": "judge"}
+
+
+class ProgressView:
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            TextColumn("{task.fields[label]:<10}"),
+            BarColumn(),
+            TextColumn("{task.completed:>5.0f}/{task.total:<5.0f}"),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, TaskID] = {}
+        self.last_step: dict[str, int] = {}
+
+    def __enter__(self) -> ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.progress.stop()
+
+    def update(self, event: ProgressEvent) -> None:
+        stage = event.stage.value
+        if stage not in STAGE_LABELS:
+            return
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task("", total=1, label=STAGE_LABELS[stage], status="")
+        task = self.tasks[stage]
+        status = event.state
+        if event.loss is not None:
+            status = f"loss {event.loss:.4f}"
+        elif event.message:
+            status = f"{event.state}: {event.message}"[:60]
+        if event.step is not None and event.total:
+            self.last_step[stage] = event.step
+            self.progress.update(task, total=event.total, completed=event.step, status=status)
+        elif event.state in ("finished", "failed"):
+            total = self.progress.tasks[self.tasks[stage]].total or 1
+            self.progress.update(task, completed=total, status=event.state)
+        else:
+            self.progress.update(task, status=status)

@@ -1,0 +1,64 @@
+"""The aggregator's per-request record, kept in the requests KV bucket and read by `ftbus status`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from shared.events import (
+    BenchmarkScores,
+    FailedStage,
+    JudgeResult,
+    Model,
+    Progress,
+    Report,
+    TaskSpec,
+    Verdict,
+    utcnow,
+)
+
+RequestStatus = Literal["queued", "running", "completed", "error", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "error", "cancelled"})
+
+
+class StageTiming(Model):
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    ok: bool | None = None
+    attempts: int = 0
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+
+class RequestRecord(Model):
+    request_id: str
+    status: RequestStatus = "queued"
+    stage: str | None = None
+    task: TaskSpec | None = None
+    submitted_at: datetime | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+    stages: dict[str, StageTiming] = Field(default_factory=dict)
+    progress: Progress | None = None
+    failed_stage: FailedStage | None = None
+    final_decision: bool | None = None
+    cancel_requested: bool = False
+    # What the report needs; kept here because the aggregator alone holds state.
+    judge: JudgeResult | None = None
+    benchmark_test: BenchmarkScores | None = None
+    benchmark_test_error: str | None = None
+    test_received: bool = False
+    # Claimed before publishing, so a crash between claim and publish is repaired by redelivery.
+    verdict: Verdict | None = None
+    verdict_published: bool = False
+    report: Report | None = None
+    report_published: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL

@@ -1,0 +1,440 @@
+"""Runners: how every stage runs candidate code (DESIGN.md, "Runners").
+
+The candidate's code is untrusted and its failure is a *result*: a non-zero exit, a timeout or a
+command that does not exist all come back as a :class:`RunResult`, never as an exception. What
+does raise is our own trouble (a missing working directory) and cancellation of the awaiting task,
+which kills the process tree before it propagates.
+
+:class:`LocalRunner` runs a subprocess in its own session and process group, with a scrubbed
+environment, output streamed line by line to a log file and a callback, and a timeout that kills
+the whole tree. Processes that leave the session on purpose (``setsid``, daemons) escape any
+process-group based runner; the container runner is the answer for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import inspect
+import math
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+LineCallback = Callable[[str], Awaitable[None] | None]
+
+EXIT_TIMEOUT = 124  # as `timeout(1)` and the reference evaluator
+EXIT_CANNOT_EXECUTE = 126  # as the shell: found but not executable
+EXIT_NOT_FOUND = 127  # as the shell: command not found
+EXIT_CANCELLED = 130  # as the shell for SIGINT: stopped on request
+
+_READ_CHUNK = 64 * 1024
+
+
+class RunResult(BaseModel):
+    exit_code: int
+    timed_out: bool
+    cancelled: bool
+    duration_s: float
+    timeout_s: float
+    log_path: Path
+    output_tail: str
+
+
+@runtime_checkable
+class Runner(Protocol):
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float,
+        log_path: Path,
+        on_line: LineCallback | None = None,
+        tail_chars: int = 20000,
+    ) -> RunResult: ...
+
+
+# ---------------------------------------------------------------------------- process trees
+
+
+def _proc_table() -> list[tuple[int, str, int, int]] | None:
+    """(pid, state, pgrp, session) of every process, from /proc; None where there is no /proc."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return None
+    table = []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                raw = fh.read().decode("ascii", "replace")
+        except OSError:
+            continue  # exited meanwhile
+        # The command name is in parentheses and may itself hold spaces or ')'.
+        fields = raw[raw.rfind(")") + 2 :].split()
+        if len(fields) < 4:
+            continue
+        table.append((int(name), fields[0], int(fields[2]), int(fields[3])))
+    return table
+
+
+def tree_members(sid: int) -> list[int] | None:
+    """Live processes of the session/process group led by ``sid`` (the child we started).
+
+    Zombies don't count: they are dead, and where PID 1 does not reap orphans (some container
+    inits) they would otherwise look alive forever. A process that made its own process group
+    inside the session (shell job control, some launchers) is still found through its session.
+    Returns None where /proc is unavailable.
+    """
+    table = _proc_table()
+    if table is None:
+        return None
+    me = os.getpid()
+    return [
+        pid
+        for pid, state, pgrp, session in table
+        if (pgrp == sid or session == sid) and state not in ("Z", "X") and pid != me
+    ]
+
+
+def _signal_tree(sid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, sig)
+    for pid in tree_members(sid) or ():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _tree_alive(sid: int) -> bool:
+    members = tree_members(sid)
+    if members is not None:
+        return bool(members)
+    try:
+        os.killpg(sid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------------------- output
+
+
+class _Output:
+    """Splits the child's byte stream into lines for the log file, the callback and the tail."""
+
+    def __init__(
+        self, log: BinaryIO, on_line: LineCallback | None, tail_chars: int, max_line_chars: int
+    ) -> None:
+        self._log = log
+        self._on_line = on_line
+        self._tail_chars = max(0, tail_chars)
+        self._max_line = max_line_chars
+        # Incremental: a multi-byte character split across two reads still decodes correctly;
+        # bytes that are not UTF-8 become U+FFFD instead of an exception.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self._tail = ""
+        self._ends_with_newline = True
+        self.last_read = time.monotonic()
+
+    def _keep(self, text: str) -> None:
+        self._tail += text
+        if len(self._tail) > 2 * self._tail_chars + 4096:
+            self._tail = self._tail[-self._tail_chars :] if self._tail_chars else ""
+
+    @property
+    def tail(self) -> str:
+        return self._tail[-self._tail_chars :] if self._tail_chars else ""
+
+    async def _emit(self, line: str) -> None:
+        if self._on_line is None:
+            return
+        outcome = self._on_line(line)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+    async def feed(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
+        # The log gets the exact bytes: it is the record of what the candidate printed.
+        self._log.write(data)
+        self._log.flush()
+        self._ends_with_newline = data.endswith(b"\n")
+        text = self._decoder.decode(data)
+        self._keep(text)
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            for piece in self._pieces(line.removesuffix("\r")):
+                await self._emit(piece)
+        # A line without end (progress bars, minified JSON) must not grow without bound.
+        while len(self._pending) > self._max_line:
+            piece, self._pending = self._pending[: self._max_line], self._pending[self._max_line :]
+            await self._emit(piece)
+
+    def _pieces(self, line: str) -> list[str]:
+        if len(line) <= self._max_line:
+            return [line]
+        return [line[i : i + self._max_line] for i in range(0, len(line), self._max_line)]
+
+    async def finish(self) -> None:
+        text = self._decoder.decode(b"", final=True)
+        self._keep(text)
+        self._pending += text
+        if self._pending:
+            for piece in self._pieces(self._pending.removesuffix("\r")):
+                await self._emit(piece)
+            self._pending = ""
+
+    def note(self, message: str) -> None:
+        """Append one line of our own, marked ``[ftbus]``, to the log and the tail."""
+        line = ("" if self._ends_with_newline else "\n") + f"[ftbus] {message}\n"
+        self._log.write(line.encode())
+        self._log.flush()
+        self._keep(line)
+        self._ends_with_newline = True
+
+
+# ---------------------------------------------------------------------------- local runner
+
+
+class LocalRunner:
+    """Runs commands as local subprocesses, one process group and session per run.
+
+    ``passthrough_env`` names the host variables a child may see; all others are scrubbed (API
+    keys, cloud credentials and the like never reach candidate code unless listed). ``path_prefix``
+    folders are put first on PATH: that is where the fine-tuning toolchain's executables are found.
+    ``extra_env`` is the base environment under both (default: ``PYTHONUNBUFFERED=1``, so that
+    Python children stream their output instead of delivering it at exit).
+    """
+
+    def __init__(
+        self,
+        passthrough_env: Sequence[str],
+        path_prefix: Sequence[Path] = (),
+        kill_grace_s: float = 10.0,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        cancel_grace_s: float = 2.0,
+        max_line_chars: int = 64 * 1024,
+        drain_idle_s: float = 5.0,
+    ) -> None:
+        self.passthrough_env = tuple(passthrough_env)
+        # Absolute now: the child's cwd differs from ours.
+        self.path_prefix = tuple(Path(p).absolute() for p in path_prefix)
+        self.kill_grace_s = kill_grace_s
+        self.cancel_grace_s = min(cancel_grace_s, kill_grace_s)
+        self.extra_env = dict(extra_env) if extra_env is not None else {"PYTHONUNBUFFERED": "1"}
+        self.max_line_chars = max_line_chars
+        self.drain_idle_s = drain_idle_s
+
+    def child_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        result = dict(self.extra_env)
+        result.update({k: os.environ[k] for k in self.passthrough_env if k in os.environ})
+        result.update(env or {})
+        if self.path_prefix:
+            base = result.get("PATH") or os.defpath
+            result["PATH"] = os.pathsep.join([*(str(p) for p in self.path_prefix), base])
+        return result
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float,
+        log_path: Path,
+        on_line: LineCallback | None = None,
+        tail_chars: int = 20000,
+        cancel: asyncio.Event | None = None,
+    ) -> RunResult:
+        """Run ``argv`` and report how it ended.
+
+        ``cancel``, when set while the command runs, stops it like a timeout but reports
+        ``cancelled=True`` (exit code 130): for a user's cancel request, which is a result to
+        publish, unlike cancellation of the awaiting task, which kills the tree and re-raises.
+        """
+        if not argv:
+            raise ValueError("argv is empty: nothing to run")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        cwd = Path(cwd)
+        if not cwd.is_dir():
+            # Ours, not the candidate's: the stage prepares the folder. Raise so it is retried.
+            raise NotADirectoryError(f"working directory {cwd} does not exist")
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        child_env = self.child_env(env)
+
+        # Truncated: one log per run. Writes later are small and synchronous (local disk), which
+        # keeps the output in order without a thread hop per chunk.
+        log = await asyncio.to_thread(log_path.open, "wb")
+        try:
+            output = _Output(log, on_line, tail_chars, self.max_line_chars)
+            start = time.monotonic()
+
+            def result(exit_code: int, *, timed_out: bool = False, cancelled: bool = False) -> RunResult:
+                return RunResult(
+                    exit_code=exit_code,
+                    timed_out=timed_out,
+                    cancelled=cancelled,
+                    duration_s=round(time.monotonic() - start, 3),
+                    timeout_s=timeout_s,
+                    log_path=log_path,
+                    output_tail=output.tail,
+                )
+
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=cwd,
+                    env=child_env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                output.note(f"cannot start {argv[0]!r}: command not found ({exc.strerror}); PATH is "
+                            f"{child_env.get('PATH', os.defpath)!r}")
+                return result(EXIT_NOT_FOUND)
+            except OSError as exc:
+                # Permission denied, exec format error (a script without a shebang) and the like.
+                output.note(f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+                return result(EXIT_CANNOT_EXECUTE)
+
+            return await self._supervise(proc, output, result, timeout_s, cancel)
+        finally:
+            log.close()
+
+    async def _supervise(
+        self,
+        proc: asyncio.subprocess.Process,
+        output: _Output,
+        result: Callable[..., RunResult],
+        timeout_s: float,
+        cancel: asyncio.Event | None,
+    ) -> RunResult:
+        sid = proc.pid  # start_new_session: the child leads its own session and process group
+        assert proc.stdout is not None
+        pump = asyncio.ensure_future(self._pump(proc.stdout, output))
+        deadline = None if math.isinf(timeout_s) else time.monotonic() + timeout_s
+        stragglers = 0
+        try:
+            how = await self._wait_exit(proc, pump, deadline, cancel)
+            if how == "timeout":
+                await self._terminate(sid, proc, self.kill_grace_s)
+            elif how == "cancel":
+                await self._terminate(sid, proc, self.cancel_grace_s)
+            elif _tree_alive(sid):
+                stragglers = len(tree_members(sid) or ()) or 1
+                await self._terminate(sid, proc, self.kill_grace_s)
+            # Notes go after the drained output, so they are the log's last lines.
+            await self._drain(proc, pump, output)
+        except BaseException:
+            # Cancelled, or the on_line callback failed: no process may outlive the run.
+            try:
+                await self._terminate(sid, proc, self.cancel_grace_s)
+            except BaseException:
+                _signal_tree(sid, signal.SIGKILL)
+                raise
+            finally:
+                self._abandon(proc, pump)
+            raise
+
+        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+        if how == "timeout":
+            output.note(f"killed after {timeout_s:g} seconds: the stage timeout")
+            run = result(EXIT_TIMEOUT, timed_out=True)
+        elif how == "cancel":
+            output.note("killed on request: the run was cancelled")
+            run = result(EXIT_CANCELLED, cancelled=True)
+        else:
+            if stragglers:
+                output.note(f"the command exited, leaving {stragglers} process(es) of its group running: killed")
+            # Killed by a signal: report it as the shell and docker do (128 + signal number).
+            run = result(code if code >= 0 else 128 - code)
+        return run
+
+    @staticmethod
+    async def _pump(stream: asyncio.StreamReader, output: _Output) -> None:
+        while data := await stream.read(_READ_CHUNK):
+            await output.feed(data)
+        await output.finish()
+
+    @staticmethod
+    async def _wait_exit(
+        proc: asyncio.subprocess.Process,
+        pump: asyncio.Future[None],
+        deadline: float | None,
+        cancel: asyncio.Event | None,
+    ) -> str:
+        # Poll the return code rather than await proc.wait(): on Python 3.11 wait() returns only
+        # once every pipe is closed, and a background grandchild holding stdout keeps it open.
+        delay = 0.01
+        while proc.returncode is None:
+            if pump.done() and not pump.cancelled() and pump.exception() is not None:
+                pump.result()  # the on_line callback failed: raise its error
+            if cancel is not None and cancel.is_set():
+                return "cancel"
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return "timeout"
+            step = delay if deadline is None else min(delay, max(deadline - now, 0.001))
+            await asyncio.sleep(step)
+            delay = min(delay * 2, 0.1)
+        return "exited"
+
+    @staticmethod
+    async def _terminate(sid: int, proc: asyncio.subprocess.Process, grace_s: float) -> None:
+        """SIGTERM the tree, SIGKILL whatever is left after ``grace_s``, wait for the main process."""
+        _signal_tree(sid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if proc.returncode is not None and not _tree_alive(sid):
+                return
+            await asyncio.sleep(0.05)
+        _signal_tree(sid, signal.SIGKILL)
+        # SIGKILL cannot be refused; only a process stuck in the kernel (D state) takes long.
+        deadline = time.monotonic() + 30.0
+        while (proc.returncode is None or _tree_alive(sid)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            _signal_tree(sid, signal.SIGKILL)
+
+    async def _drain(
+        self, proc: asyncio.subprocess.Process, pump: asyncio.Future[None], output: _Output
+    ) -> None:
+        """Read what is left in the pipe. Only a process outside the tree can hold it open now."""
+        while not pump.done():
+            await asyncio.wait({pump}, timeout=0.5)
+            if not pump.done() and time.monotonic() - output.last_read > self.drain_idle_s:
+                self._abandon(proc, pump)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+                output.note(
+                    "stopped reading output: the pipe is held open by a process that left the "
+                    "session (setsid or a daemon), which this runner cannot kill"
+                )
+                return
+        pump.result()
+
+    @staticmethod
+    def _abandon(proc: asyncio.subprocess.Process, pump: asyncio.Future[None]) -> None:
+        pump.cancel()
+        # Without this the transport lingers until the pipe closes (never, if an escaped process
+        # holds it); asyncio offers no public handle on it.
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()

@@ -1,0 +1,152 @@
+"""Subjects, streams and durable consumers (DESIGN.md, "Subjects and streams").
+
+Stream layout, and why:
+- EVENTS holds the request and every stage event. Retention is *limits*, not work-queue, because
+  each event has two readers: the next stage and the aggregator.
+- TEST holds only the hidden test split's results, so that NATS permissions can deny the judge
+  and agents any access to it: the isolation is structural.
+- VERDICTS, REPORTS and DLQ are separate streams so that each can be granted on its own.
+- ADVISORIES captures the server's MAX_DELIVERIES advisories, so a dead letter is not lost
+  while no aggregator is running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.events import Stage
+
+
+@dataclass(frozen=True)
+class Subjects:
+    prefix: str = "ftbus"
+
+    @property
+    def eval_requested(self) -> str:
+        return f"{self.prefix}.eval.requested"
+
+    @property
+    def cancel(self) -> str:
+        return f"{self.prefix}.control.cancel"
+
+    @property
+    def data_completed(self) -> str:
+        return f"{self.prefix}.data.completed"
+
+    @property
+    def data_failed(self) -> str:
+        return f"{self.prefix}.data.failed"
+
+    @property
+    def train_completed(self) -> str:
+        return f"{self.prefix}.train.completed"
+
+    @property
+    def train_failed(self) -> str:
+        return f"{self.prefix}.train.failed"
+
+    @property
+    def bench_completed(self) -> str:
+        return f"{self.prefix}.bench.completed"
+
+    @property
+    def bench_failed(self) -> str:
+        return f"{self.prefix}.bench.failed"
+
+    @property
+    def bench_test(self) -> str:
+        return f"{self.prefix}.bench.test"
+
+    @property
+    def judge_completed(self) -> str:
+        return f"{self.prefix}.judge.completed"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+    def verdict(self, request_id: str = "*") -> str:
+        return f"{self.prefix}.verdict.{request_id}"
+
+    def report(self, request_id: str = "*") -> str:
+        return f"{self.prefix}.report.{request_id}"
+
+    def progress(self, request_id: str = "*") -> str:
+        return f"{self.prefix}.progress.{request_id}"
+
+    # ----------------------------------------------------------- streams
+
+    @property
+    def stream_events(self) -> str:
+        return f"{self.prefix.upper()}_EVENTS"
+
+    @property
+    def stream_test(self) -> str:
+        return f"{self.prefix.upper()}_TEST"
+
+    @property
+    def stream_verdicts(self) -> str:
+        return f"{self.prefix.upper()}_VERDICTS"
+
+    @property
+    def stream_reports(self) -> str:
+        return f"{self.prefix.upper()}_REPORTS"
+
+    @property
+    def stream_dlq(self) -> str:
+        return f"{self.prefix.upper()}_DLQ"
+
+    @property
+    def stream_advisories(self) -> str:
+        return f"{self.prefix.upper()}_ADVISORIES"
+
+    def max_deliveries_advisory(self, stream: str | None = None, durable: str = "*") -> str:
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream or self.stream_events}.{durable}"
+
+    def event_stream_subjects(self) -> list[str]:
+        p = self.prefix
+        return [
+            f"{p}.eval.requested",
+            f"{p}.control.cancel",
+            f"{p}.data.*",
+            f"{p}.train.*",
+            f"{p}.bench.completed",
+            f"{p}.bench.failed",
+            f"{p}.judge.*",
+        ]
+
+    # ----------------------------------------------------------- consumers
+
+    def durable(self, stage: Stage) -> str:
+        return f"{self.prefix}-{stage.value}"
+
+    def stage_filters(self, stage: Stage) -> list[str]:
+        """Which subjects each stage's durable consumer reads."""
+        if stage is Stage.data:
+            return [self.eval_requested]
+        if stage is Stage.train:
+            return [self.data_completed]
+        if stage is Stage.bench:
+            return [self.train_completed]
+        if stage is Stage.judge:
+            return [self.bench_completed, self.data_failed, self.train_failed, self.bench_failed]
+        return self.event_stream_subjects()
+
+    # ----------------------------------------------------------- buckets
+
+    @property
+    def kv_requests(self) -> str:
+        return f"{self.prefix}_requests"
+
+    @property
+    def kv_stage_results(self) -> str:
+        return f"{self.prefix}_stage_results"
+
+    @property
+    def object_store(self) -> str:
+        return f"{self.prefix}_artifacts"
+
+
+def msg_id(request_id: str, stage: str, kind: str) -> str:
+    """The ``Nats-Msg-Id`` of DESIGN.md: ``<request_id>:<stage>:<kind>``."""
+    return f"{request_id}:{stage}:{kind}"

@@ -1,0 +1,334 @@
+"""Build the offline assets a new user needs: a tiny model, a raw dataset and two tiny benchmarks.
+
+    <toolchain python> build_assets.py ASSETS_DIR [--force]
+
+A standalone script run by the fine-tuning toolchain's interpreter (it imports torch, tokenizers and
+transformers); the services never import it, they call ``shared.assets.build_assets``. Nothing is
+downloaded: the tokenizer is trained here and the model is randomly initialised with a fixed seed,
+so the whole pipeline (data -> train -> benchmark) runs on a machine without network or GPU.
+
+Layout written under ASSETS_DIR (each folder built in a temporary sibling, then renamed into place,
+and skipped when its stamp matches this script's hash, so re-running is cheap and never leaves half
+an asset behind):
+
+    models/tiny-llama/            LlamaForCausalLM (hidden 64, 2 layers, 4 heads) + tokenizer.json
+    datasets/tiny-qa/raw.jsonl    synthetic {id, kind, question, answer} records
+    benchmarks/tiny-arith/        benchmark.yaml (generate_until, exact_match) + one jsonl per subset
+    benchmarks/tiny-arith-mc/     benchmark.yaml (multiple_choice, acc) + one jsonl per subset
+    benchmarks/README.md          the registry folder format
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+STAMP = ".ftbus-asset.json"
+SEED = 20261130
+
+# LlamaFactory's `default` template (llamafactory/data/template.py, 0.9.5), as its own
+# Template._get_jinja_template renders it: the model then chats the way `template: default` trains
+# it, and lm-eval's --apply_chat_template produces the same prompt as training did.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% endif %}"
+    "{% if system_message is defined %}{{ 'System: ' + system_message + '</s>' + '\n' }}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{% set content = message['content'] %}"
+    "{% if message['role'] == 'user' %}"
+    "{{ 'Human: ' + content + '</s>' + '\nAssistant:' }}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{{ content + '</s>' + '\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+)
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+BENCHMARKS_README = """\
+# Benchmark registry
+
+One folder per benchmark, named like the benchmark: `benchmarks/<name>/`.
+
+`benchmark.yaml`:
+
+```yaml
+name: tiny-arith              # must equal the folder name
+version: 1                    # bump when items change: split manifests and caches key on it
+description: free text shown to the judge
+kind: generate_until          # or multiple_choice
+primary_metric: exact_match   # generate_until: exact_match; multiple_choice: acc or acc_norm
+higher_is_better: true
+subsets:                      # evaluated and reported one by one
+  - {name: addition, file: addition.jsonl}
+generation: {max_gen_toks: 16, until: ["\\n"]}   # optional, generate_until only
+```
+
+Each subset file is JSON Lines, one item a line: `{"id": str, "question": str, "answer": str}`;
+multiple_choice items add `"choices": [str, ...]` and `answer` is the text of the right choice.
+Ids are unique within a subset. Items keep their file order: the validation split is the first
+min(max_items, n//2) items of each subset, the hidden test split the last min(max_items, n//2).
+"""
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _script_hash() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _make_readable(root: Path) -> None:
+    """mkdtemp makes 0700 folders and safetensors writes 0600 files: assets are mounted read-only
+    into containers that run as another user, so everything must be world-readable."""
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _build(dest: Path, builder: Callable[[Path], None], force: bool) -> bool:
+    """Run ``builder`` into a temporary sibling of ``dest`` and swap it in. False if up to date."""
+    stamp = dest / STAMP
+    want = {"builder_sha256": _script_hash()}
+    if not force and stamp.is_file():
+        try:
+            if json.loads(stamp.read_text()) == want:
+                return False
+        except json.JSONDecodeError:
+            pass
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        builder(tmp)
+        (tmp / STAMP).write_text(json.dumps(want))
+        _make_readable(tmp)
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return True
+
+
+# ------------------------------------------------------------------ synthetic items
+
+
+def _arith_item(rng: random.Random, op: str) -> tuple[str, str]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    if op == "+":
+        return f"What is {a} + {b}?", str(a + b)
+    a, b = max(a, b), min(a, b)  # keep answers non-negative: fewer tokens, easier to learn
+    return f"What is {a} - {b}?", str(a - b)
+
+
+def _unique_items(rng: random.Random, make: Callable[[], tuple[str, str]], n: int,
+                  exclude: set[str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    seen = set(exclude)
+    while len(out) < n:
+        q, a = make()
+        if q not in seen:
+            seen.add(q)
+            out.append((q, a))
+    return out
+
+
+def benchmark_items() -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """benchmark -> subset -> items. Fixed seed: the same items on every machine."""
+    rng = random.Random(SEED)
+    arith = {
+        "addition": _unique_items(rng, lambda: _arith_item(rng, "+"), 40, set()),
+        "subtraction": _unique_items(rng, lambda: _arith_item(rng, "-"), 40, set()),
+    }
+    tiny_arith = {
+        subset: [{"id": f"{subset[:3]}-{i:03d}", "question": q, "answer": a} for i, (q, a) in enumerate(items)]
+        for subset, items in arith.items()
+    }
+
+    def mc_sum() -> dict[str, Any]:
+        a, b = rng.randint(0, 49), rng.randint(0, 49)
+        right = a + b
+        wrong = sorted({right + d for d in (-10, -1, 1, 10) if right + d >= 0})
+        choices = [str(right), *(str(w) for w in rng.sample(wrong, 3))]
+        rng.shuffle(choices)
+        return {"question": f"What is {a} + {b}?", "choices": choices, "answer": str(right)}
+
+    def mc_parity() -> dict[str, Any]:
+        n = rng.randint(0, 999)
+        return {"question": f"Is {n} even or odd?", "choices": ["even", "odd"],
+                "answer": "even" if n % 2 == 0 else "odd"}
+
+    mc: dict[str, list[dict[str, Any]]] = {}
+    for subset, make in (("sum_choice", mc_sum), ("parity", mc_parity)):
+        seen: set[str] = set()
+        rows: list[dict[str, Any]] = []
+        while len(rows) < 40:
+            item = make()
+            if item["question"] not in seen:
+                seen.add(item["question"])
+                rows.append({"id": f"{subset}-{len(rows):03d}", **item})
+        mc[subset] = rows
+    return {"tiny-arith": tiny_arith, "tiny-arith-mc": mc}
+
+
+def dataset_records(exclude_questions: set[str], n: int = 400) -> list[dict[str, str]]:
+    """Training records; benchmark questions are excluded so the benchmark measures generalisation."""
+    rng = random.Random(SEED + 1)
+    rows: list[dict[str, str]] = []
+    seen = set(exclude_questions)
+    kinds = ["addition", "subtraction", "parity", "successor"]
+    while len(rows) < n:
+        kind = kinds[len(rows) % len(kinds)]
+        if kind == "addition":
+            q, a = _arith_item(rng, "+")
+        elif kind == "subtraction":
+            q, a = _arith_item(rng, "-")
+        elif kind == "parity":
+            k = rng.randint(0, 999)
+            q, a = f"Is {k} even or odd?", "even" if k % 2 == 0 else "odd"
+        else:
+            k = rng.randint(0, 998)
+            q, a = f"What number comes after {k}?", str(k + 1)
+        if q in seen:
+            continue
+        seen.add(q)
+        rows.append({"id": f"qa-{len(rows):04d}", "kind": kind, "question": q, "answer": a})
+    return rows
+
+
+# ------------------------------------------------------------------ builders
+
+
+def build_tiny_model(dest: Path, corpus: list[str]) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    # Byte-level BPE over the full byte alphabet: any text encodes, nothing maps to <unk>.
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+        model_max_length=1024,
+        padding_side="right",
+    )
+    fast.chat_template = DEFAULT_CHAT_TEMPLATE
+    fast.save_pretrained(dest)
+
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = fast.pad_token_id
+    model.save_pretrained(dest, safe_serialization=True)
+
+
+def build_dataset(dest: Path, records: list[dict[str, str]]) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(dest / "raw.jsonl", records)
+    (dest / "README.md").write_text(
+        "# tiny-qa\n\nSynthetic question/answer records (addition, subtraction, parity, successor),\n"
+        "one JSON object a line in `raw.jsonl`: `{id, kind, question, answer}`. None of the\n"
+        "questions appears in the tiny-arith benchmarks. Built by shared/toolchain/build_assets.py.\n"
+    )
+
+
+def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any]]]) -> None:
+    import yaml  # comes with the toolchain (transformers, LlamaFactory)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    mc = any("choices" in item for items in subsets.values() for item in items)
+    spec: dict[str, Any] = {
+        "name": name,
+        "version": 1,
+        "description": (
+            "Tiny multiple-choice arithmetic and parity questions (synthetic, for tests and demos)."
+            if mc else "Tiny addition and subtraction questions, answered by exact match (synthetic)."
+        ),
+        "kind": "multiple_choice" if mc else "generate_until",
+        "primary_metric": "acc" if mc else "exact_match",
+        "higher_is_better": True,
+        "subsets": [{"name": s, "file": f"{s}.jsonl"} for s in subsets],
+    }
+    if not mc:
+        spec["generation"] = {"max_gen_toks": 16, "until": ["\n"]}
+    (dest / "benchmark.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+    for subset, items in subsets.items():
+        _write_jsonl(dest / f"{subset}.jsonl", items)
+
+
+def build_all(assets: Path, force: bool = False) -> list[str]:
+    """Build every asset under ``assets``; return a line per asset saying built or up to date."""
+    report: list[str] = []
+    benches = benchmark_items()
+    bench_questions = {i["question"] for subsets in benches.values() for items in subsets.values() for i in items}
+    records = dataset_records(bench_questions)
+    corpus = [f"{r['question']} {r['answer']}" for r in records] + [
+        f"{i['question']} {i['answer']}" for s in benches.values() for items in s.values() for i in items
+    ] + ["Human: Assistant: System: even odd What is comes after number"] * 8
+    # Every number up to 1999, so that BPE has enough to merge to its ~2000-token vocabulary.
+    corpus += [" ".join(str(k) for k in range(start, start + 100)) for start in range(0, 2000, 100)] * 4
+
+    steps: list[tuple[Path, Callable[[Path], None]]] = [
+        (assets / "models" / "tiny-llama", lambda d: build_tiny_model(d, corpus)),
+        (assets / "datasets" / "tiny-qa", lambda d: build_dataset(d, records)),
+    ]
+    for name, subsets in benches.items():
+        steps.append((assets / "benchmarks" / name,
+                      lambda d, name=name, subsets=subsets: build_benchmark(d, name, subsets)))
+    for dest, builder in steps:
+        built = _build(dest, builder, force)
+        report.append(f"{'built' if built else 'up to date'}: {dest}")
+    readme = assets / "benchmarks" / "README.md"
+    if force or not readme.is_file() or readme.read_text() != BENCHMARKS_README:
+        readme.write_text(BENCHMARKS_README)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("assets_dir", type=Path)
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    args = parser.parse_args(argv)
+    for line in build_all(args.assets_dir.resolve(), force=args.force):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Human-readable verdict for the terminal (`--json` prints the model instead)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+
+from shared.events import Report, Verdict
+
+
+def render_verdict(console: Console, verdict: Verdict | Report) -> None:
+    colour = "green" if verdict.final_decision else ("yellow" if verdict.status == "completed" else "red")
+    head = f"[{colour}]final_decision: {verdict.final_decision}[/]  status: {verdict.status}"
+    if verdict.failed_stage:
+        head += f"  failed_stage: {verdict.failed_stage.value}"
+    if verdict.judge:
+        judge = verdict.judge
+        who = f"llm ({judge.model})" if judge.kind == "llm" else f"rules ({judge.reason or 'no LLM configured'})"
+        head += f"\njudge: {who}"
+    lines = [
+        head,
+        "",
+        f"[bold]execution[/]: {verdict.execution}",
+        f"[bold]return_checking[/]: {verdict.return_checking}",
+        f"[bold]code[/]: {verdict.code}",
+    ]
+    result = verdict.result
+    if result.benchmark and result.benchmark.accuracy_summary:
+        lines.append("")
+        lines.append("[bold]validation[/]: " + _scores(result.benchmark.accuracy_summary))
+    if result.baseline:
+        b = result.baseline
+        diff = f"{b.difference:+.4f}" if b.difference is not None else "n/a"
+        lines.append(
+            f"[bold]vs baseline[/] ({b.primary_metric}): candidate {b.candidate_value} "
+            f"baseline {b.baseline_value} difference {diff}"
+        )
+    metrics = result.training_metrics
+    if metrics.final_loss is not None:
+        lines.append(f"[bold]loss[/]: initial {metrics.initial_loss:.4f} -> final {metrics.final_loss:.4f} "
+                     f"({len(metrics.loss_history.train)} points)")
+    if result.data_stats:
+        lines.append(f"[bold]data[/]: {result.data_stats.total_samples} samples"
+                     + (" (cached)" if result.data_cached else ""))
+    if isinstance(verdict, Report):
+        if verdict.benchmark_test:
+            lines.append("[bold]test (hidden)[/]: " + _scores(verdict.benchmark_test.accuracy_summary))
+        elif verdict.benchmark_test_error:
+            lines.append(f"[bold]test (hidden)[/]: {verdict.benchmark_test_error}")
+    console.print(Panel("\n".join(lines), title=f"verdict {verdict.request_id}", expand=False))
+
+
+def _scores(summary: dict[str, dict[str, float]]) -> str:
+    return "; ".join(
+        f"{dataset}: " + ", ".join(f"{metric}={value:.4f}" for metric, value in metrics.items())
+        for dataset, metrics in summary.items()
+    )

@@ -1,0 +1,304 @@
+"""The judge end to end against a local OpenAI-compatible server, through the real openai client."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from services.judge.decide import judge
+from services.judge.llm import LlmAnswer, parse_answer
+from shared.events import ErrorSample, FailedStage
+from shared.settings import Settings
+from tests.fakes import judge_events as ev
+from tests.fakes.judge_events import OOM_LOG
+from tests.fakes.openai_server import FakeOpenAIServer, Reply, answer, error
+
+GOOD = {
+    "execution": "SUCCESS: all stages exited 0; gsm8k accuracy 0.52.",
+    "return_checking": "Validation accuracy 0.52 on gsm8k, above the base model's 0.45.",
+    "code": "Config is sound; consider 2 epochs instead of 3.",
+    "final_decision": True,
+}
+FAILED = {
+    "execution": "FAILED with category [OOM]: CUDA out of memory during training.",
+    "return_checking": "Training crashed at step 7; expected model files in output/.",
+    "code": "Lower per_device_train_batch_size to 4 and cutoff_len to 2048.",
+    "final_decision": False,
+}
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer() as srv:
+        yield srv
+
+
+def make_settings(tmp_path: Path, server: FakeOpenAIServer | None, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "home": tmp_path,
+        "judge_model": "fake-judge" if server else None,
+        "openai_base_url": server.base_url if server else None,
+        "openai_api_key": "test-key",
+        "judge_retry": 3,
+        "judge_time_budget_s": 20.0,
+        "judge_request_timeout_s": 10.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+# ---------------------------------------------------------------- answer validation
+
+
+def test_answer_validation_rules() -> None:
+    assert parse_answer(json.dumps({**GOOD, "final_decision": "true"})).final_decision is True
+    assert parse_answer(json.dumps({**GOOD, "final_decision": "True"})).final_decision is True
+    assert parse_answer(json.dumps({**GOOD, "final_decision": "false"})).final_decision is False
+    assert parse_answer(json.dumps({**GOOD, "final_decision": "False"})).final_decision is False
+    for bad in ("yes", "TRUE", 1, 0, None, "1"):
+        with pytest.raises(ValidationError):
+            LlmAnswer.model_validate({**GOOD, "final_decision": bad})
+    with pytest.raises(ValidationError):
+        LlmAnswer.model_validate({**GOOD, "verdict": "extra"})
+    structured = LlmAnswer.model_validate({**GOOD, "code": {"batch_size": 4}, "execution": ["a", "b"]})
+    assert json.loads(structured.code) == {"batch_size": 4} and json.loads(structured.execution) == ["a", "b"]
+    assert parse_answer("```json\n" + json.dumps(GOOD) + "\n```").final_decision is True
+
+
+# ---------------------------------------------------------------- happy paths
+
+
+async def test_good_answer(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(answer(GOOD))
+    event = ev.bench_result(n_loss=200)
+    before = event.model_dump()
+    result = await judge(event, ev.TRAIN_YAML, "Training completed.\n", make_settings(tmp_path, server))
+
+    assert result.feedback.final_decision is True
+    assert result.feedback.execution == GOOD["execution"] and result.feedback.code == GOOD["code"]
+    assert result.judge.kind == "llm" and result.judge.model == "fake-judge"
+    assert result.judge.rules_decision is True and result.judge.llm_decision is True
+    assert result.judge.attempts == 1 and result.judge.reason is None
+    assert result.failed_stage is None and result.expects_test is True
+    assert result.request_id == "req-1" and result.context == event.context
+    # The verdict carries the full, unmutated results and the training outputs.
+    assert event.model_dump() == before
+    assert len(result.result.training_metrics.loss_history.train) == 200
+    assert result.result.benchmark == event.benchmark and result.result.baseline == event.baseline
+    assert result.result.data_stats == event.data.data_stats
+    assert [a.path for a in result.artifacts] == ["output/adapter_model.safetensors", "output/adapter_config.json"]
+    assert result.raw_execution.index("=== DATA PROCESSING OUTPUT ===") < result.raw_execution.index(
+        "=== TRAINING OUTPUT ==="
+    )
+    assert "Training completed." in result.raw_execution
+
+    (request,) = server.requests
+    assert request.body["model"] == "fake-judge"
+    assert request.body["response_format"] == {"type": "json_object"}
+    assert request.headers.get("authorization") == "Bearer test-key"
+    assert "final_decision" in request.system_prompt
+    assert "Benchmark: gsm8k" in request.user_prompt and "first 30 and last 30 of 200" in request.user_prompt
+
+
+async def test_invalid_answers_then_good_one(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(
+        answer("I think the run went fine."),
+        answer({**GOOD, "final_decision": "yes"}),
+        answer(GOOD),
+    )
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert result.judge.kind == "llm" and result.judge.attempts == 3 and result.feedback.final_decision
+
+    first, second, third = (r.user_prompt for r in server.requests)
+    assert "Attempt 1" not in first
+    assert "Attempt 1: the previous answer was rejected because: the answer is not valid JSON" in second
+    assert "Attempt 2" not in second
+    assert "Attempt 1: the previous answer was rejected because" in third
+    assert "Attempt 2: the previous answer was rejected because: final_decision" in third
+    assert third.startswith(first)
+
+
+async def test_string_booleans_are_accepted(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(answer({**GOOD, "final_decision": "True"}))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert result.feedback.final_decision is True and result.judge.llm_decision is True
+
+    server.script(answer({**FAILED, "final_decision": "false"}))
+    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, OOM_LOG, make_settings(tmp_path, server))
+    assert result.feedback.final_decision is False and result.judge.llm_decision is False
+
+
+async def test_cut_off_answer_is_retried(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(answer('{"execution": "SUCC', finish_reason="length"), answer(GOOD))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert result.judge.kind == "llm" and result.judge.attempts == 2
+    assert "length limit" in server.requests[1].user_prompt
+
+
+async def test_server_without_json_mode(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(error(400, "Unsupported parameter: response_format"), answer(GOOD))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert result.judge.kind == "llm"
+    assert "response_format" in server.requests[0].body and "response_format" not in server.requests[1].body
+
+
+# ---------------------------------------------------------------- fallbacks to the rules
+
+
+async def test_answer_that_never_validates(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.default = answer({**GOOD, "final_decision": "maybe"})
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert len(server.requests) == 3
+    assert result.judge.kind == "rules" and result.judge.model is None
+    assert result.judge.reason is not None
+    assert result.judge.reason.startswith("LLM answer never validated after 3 attempts: final_decision")
+    assert result.feedback.final_decision is True  # the rules decide: every criterion passed
+    assert result.feedback.execution.startswith("SUCCESS")
+
+
+async def test_500_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.default = error(500, "upstream exploded")
+    settings = make_settings(tmp_path, server, judge_time_budget_s=2.5, judge_request_timeout_s=2.0)
+    started = time.monotonic()
+    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, OOM_LOG, settings)
+    assert time.monotonic() - started < 60  # bounded by the budget, with room for a loaded machine
+    assert len(server.requests) >= 2  # retried with backoff before giving up
+    assert result.judge.kind == "rules"
+    assert result.judge.reason is not None and "HTTP 500" in result.judge.reason
+    assert "time budget" in result.judge.reason
+    assert result.feedback.execution.startswith("FAILED with category [OOM]")
+    assert result.feedback.final_decision is False
+
+
+async def test_transient_errors_recover(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(error(503), error(429, headers={"retry-after": "0"}), answer(GOOD))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert len(server.requests) == 3
+    assert result.judge.kind == "llm" and result.judge.attempts == 1
+
+
+async def test_timeout_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.default = Reply(content=json.dumps(GOOD), delay_s=30.0)
+    settings = make_settings(tmp_path, server, judge_time_budget_s=3.0, judge_request_timeout_s=0.5)
+    started = time.monotonic()
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", settings)
+    assert time.monotonic() - started < 60
+    assert len(server.requests) >= 2
+    assert result.judge.kind == "rules"
+    assert result.judge.reason is not None and "timed out" in result.judge.reason
+    assert result.feedback.final_decision is True
+
+
+async def test_auth_error_is_not_retried(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.default = error(401, "invalid api key")
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert len(server.requests) == 1
+    assert result.judge.kind == "rules"
+    assert result.judge.reason is not None and "HTTP 401" in result.judge.reason
+
+
+async def test_no_judge_model_uses_rules(tmp_path: Path) -> None:
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, None))
+    assert result.judge.kind == "rules" and result.judge.reason == "no judge model configured"
+    assert result.judge.rules_decision is True and result.feedback.final_decision is True
+
+
+async def test_precheck_never_calls_the_llm(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.default = answer(GOOD)
+    event = ev.precheck_failed("unsafe path in workspace: ../secrets.txt")
+    result = await judge(event, "", "", make_settings(tmp_path, server))
+    assert server.requests == []
+    assert result.judge.kind == "rules" and not result.feedback.final_decision
+    assert result.failed_stage == FailedStage.precheck
+    assert "../secrets.txt" in result.feedback.execution
+    assert result.expects_test is False and result.artifacts == []
+
+
+# ---------------------------------------------------------------- policy
+
+
+async def test_rules_fail_but_llm_says_true(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(answer(GOOD))
+    event = ev.bench_result(model_files=[])
+    result = await judge(event, ev.TRAIN_YAML, "", make_settings(tmp_path, server, judge_policy="llm"))
+    assert result.judge.kind == "llm"
+    assert result.judge.llm_decision is True and result.judge.rules_decision is False
+    assert result.feedback.final_decision is False
+    assert "no model files in the training output" in result.feedback.return_checking
+    assert result.judge.reason is not None and "deterministic checks failed" in result.judge.reason
+
+
+@pytest.mark.parametrize(
+    ("policy", "llm_says", "expected"),
+    [
+        ("both", True, True),
+        ("both", False, False),
+        ("llm", True, True),
+        ("llm", False, False),
+        ("rules", True, True),
+        ("rules", False, True),
+    ],
+)
+async def test_policy_when_rules_pass(
+    server: FakeOpenAIServer, tmp_path: Path, policy: str, llm_says: bool, expected: bool
+) -> None:
+    server.script(answer({**GOOD, "final_decision": llm_says}))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server, judge_policy=policy))
+    assert result.judge.rules_decision is True and result.judge.llm_decision is llm_says
+    assert result.feedback.final_decision is expected
+    if expected != llm_says:
+        assert "judge_policy=rules" in result.feedback.return_checking
+
+
+@pytest.mark.parametrize("policy", ["both", "llm", "rules"])
+async def test_policy_never_overrides_a_failed_rule(server: FakeOpenAIServer, tmp_path: Path, policy: str) -> None:
+    server.script(answer(GOOD))
+    event = ev.train_failed(1, OOM_LOG)
+    result = await judge(event, ev.TRAIN_YAML, OOM_LOG, make_settings(tmp_path, server, judge_policy=policy))
+    assert result.feedback.final_decision is False
+    assert result.failed_stage == FailedStage.training and result.expects_test is False
+    assert "=== TRAINING OUTPUT ===" in result.raw_execution and "OutOfMemoryError" in result.raw_execution
+
+
+# ---------------------------------------------------------------- isolation
+
+
+async def test_sent_prompt_has_no_test_split_data(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.script(answer(GOOD))
+    test_samples = [ErrorSample(question="TEST-SPLIT-Q-4242", gold="TEST-SPLIT-GOLD", model_output="TEST-OUT")]
+    test_event = ev.bench_result(
+        split="test", benchmark=ev.scores(accuracy={"gsm8k": {"accuracy": 0.7391}}, samples=test_samples)
+    )
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    sent = json.dumps(server.requests[0].body)
+    for leaked in ("TEST-SPLIT-Q-4242", "TEST-SPLIT-GOLD", "TEST-OUT", "0.7391"):
+        assert leaked not in sent and leaked not in result.model_dump_json()
+    assert "VAL-Q-7781" in sent
+    with pytest.raises(ValueError, match="validation"):
+        await judge(test_event, ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert len(server.requests) == 1
+
+
+async def test_missing_api_key_is_a_clear_reason(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, None, judge_model="gpt-5.1", openai_api_key=None, openai_base_url=None)
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", settings)
+    assert result.judge.kind == "rules"
+    assert result.judge.reason is not None and "no OpenAI API key configured" in result.judge.reason
+
+
+async def test_combined_log_from_the_handler(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    # The handler may pass every stage's log under its banner: the judge reads the failed stage's part.
+    handled = 'Traceback (most recent call last):\n  File "p.py", line 3\nTimeoutError: retrying API call\n'
+    combined = f"=== DATA PROCESSING OUTPUT ===\n{handled}wrote 1234 samples\n=== TRAINING OUTPUT ===\n{OOM_LOG}"
+    server.script(answer(FAILED))
+    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, combined, make_settings(tmp_path, server))
+    assert result.raw_execution == combined
+    prompt = server.requests[0].user_prompt
+    assert "torch.OutOfMemoryError" in prompt and "retrying API call" not in prompt
+    assert result.feedback.execution == FAILED["execution"]

@@ -1,0 +1,33 @@
+"""Assets for integration tests: a model folder with a real tokenizer.json, a dataset, a benchmark.
+
+The weights are not real (the stand-in toolchain never loads them); the tokenizer is, so the
+data stage's token statistics run for real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+MODEL = "tiny-standin"
+DATASET = "qa"
+
+
+def build_standin_assets(root: Path) -> None:
+    model_dir = root / "models" / MODEL
+    model_dir.mkdir(parents=True)
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([f"add {i} and {i} gives {2 * i}" for i in range(200)], trainer)
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+
+    dataset_dir = root / "datasets" / DATASET
+    dataset_dir.mkdir(parents=True)
+    (dataset_dir / "raw.jsonl").write_text(
+        "".join(json.dumps({"question": f"add {i} and {i}", "answer": str(2 * i)}) + "\n" for i in range(50))
+    )
