@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_base
@@ -184,6 +185,9 @@ async def _complete(
             client.chat.completions.create(model=model, messages=messages, timeout=timeout, **kwargs),  # type: ignore[arg-type]
             timeout=timeout + 1.0,
         )
+        if not isinstance(response, ChatCompletion):
+            # A 200 that is not a chat completion (an HTML page from a proxy, say): not the model's fault.
+            raise LlmJudgeUnavailable(f"LLM endpoint did not answer with a chat completion: {str(response)[:200]!r}")
         if not response.choices:
             return None
         choice = response.choices[0]
@@ -218,7 +222,7 @@ async def _complete(
                         json_mode[0] = False
                         return await call()
                     raise
-    except _InvalidAnswer:
+    except (_InvalidAnswer, LlmJudgeUnavailable):
         raise
     except Exception as exc:
         if _is_transient(exc):

@@ -302,3 +302,11 @@ async def test_combined_log_from_the_handler(server: FakeOpenAIServer, tmp_path:
     prompt = server.requests[0].user_prompt
     assert "torch.OutOfMemoryError" in prompt and "retrying API call" not in prompt
     assert result.feedback.execution == FAILED["execution"]
+
+
+async def test_endpoint_that_is_not_an_llm(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    server.default = Reply(status=200, body="<html>proxy login</html>")
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    assert len(server.requests) == 1
+    assert result.judge.kind == "rules"
+    assert result.judge.reason is not None and "not answer with a chat completion" in result.judge.reason

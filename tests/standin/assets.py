@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 MODEL = "tiny-standin"
 DATASET = "qa"
+BENCHMARK = "tiny-arith"
 
 
 def build_standin_assets(root: Path) -> None:
@@ -30,4 +31,18 @@ def build_standin_assets(root: Path) -> None:
     dataset_dir.mkdir(parents=True)
     (dataset_dir / "raw.jsonl").write_text(
         "".join(json.dumps({"question": f"add {i} and {i}", "answer": str(2 * i)}) + "\n" for i in range(50))
+    )
+
+    bench_dir = root / "benchmarks" / BENCHMARK
+    bench_dir.mkdir(parents=True)
+    (bench_dir / "benchmark.yaml").write_text(
+        "name: tiny-arith\nversion: 1\ndescription: doubling questions\nkind: generate_until\n"
+        "primary_metric: exact_match\nhigher_is_better: true\n"
+        "subsets:\n- name: doubling\n  file: doubling.jsonl\n- name: halving\n  file: halving.jsonl\n"
+    )
+    (bench_dir / "doubling.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "question": f"double {i}", "answer": str(2 * i)}) + "\n" for i in range(20))
+    )
+    (bench_dir / "halving.jsonl").write_text(
+        "".join(json.dumps({"id": f"h{i}", "question": f"halve {2 * i}", "answer": str(i)}) + "\n" for i in range(12))
     )

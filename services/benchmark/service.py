@@ -1,0 +1,220 @@
+"""The benchmark stage: the validation and the hidden test split, in parallel, plus the baseline.
+
+Consumes ``train.completed``. Publishes ``bench.completed``/``bench.failed`` (validation, read by
+the judge) and ``bench.test`` (test split, on its own stream, read by the aggregator only).
+The base model's scores are computed once per (model, benchmark, split manifest, backend) and
+cached in the artifact store, so the verdict can show the candidate beside the baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from services.benchmark.lmeval import (
+    LmEvalOutputError,
+    ModelSelection,
+    parse_lm_eval_output,
+    prepare_lm_eval_run,
+    select_model,
+)
+from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
+from services.benchmark.splits import SplitManifest, make_split
+from shared.artifacts import materialise
+from shared.bus import Bus
+from shared.events import (
+    ArtifactRef,
+    BaselineComparison,
+    BenchmarkScores,
+    BenchResult,
+    FailedStage,
+    Stage,
+    StageOutcome,
+    TrainResult,
+)
+from shared.logs import get_logger
+from shared.modelpaths import ModelNotFound, resolve_base_model
+from shared.runtime import Outgoing, StageContext, StageWorker
+
+log = get_logger("ftbus.benchmark")
+
+SplitName = Literal["validation", "test"]
+BASELINE_FORMAT = "ftbus-baseline-v1"
+
+
+@dataclass
+class SplitRun:
+    scores: BenchmarkScores | None
+    outcome: StageOutcome | None
+    error: str | None
+
+
+def detect_device(setting: str) -> str:
+    """``auto`` is decided on the worker that runs the model (not on whoever submitted)."""
+    if setting != "auto":
+        return setting
+    has_gpu = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    return "cuda" if has_gpu else "cpu"
+
+
+async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
+    settings = ctx.settings
+    task = event.context.task
+    try:
+        spec = load_benchmark(settings.assets, task.benchmark)
+        base_model = Path(event.train.base_model_path or resolve_base_model(settings.assets, task.base_model))
+    except (BenchmarkError, ModelNotFound) as exc:
+        error = str(exc)
+        return [_result(event, ctx, split, SplitRun(None, None, error), None) for split in ("validation", "test")]
+
+    await materialise(ctx.artifacts, event.train.outputs, ctx.workdir)
+    model = select_model(base_model, ctx.workdir / "output")
+    device = detect_device(settings.bench_device)
+
+    async def one_split(split: SplitName) -> list[Outgoing]:
+        manifest = make_split(spec, split, settings.bench_max_items)
+        candidate = await _run_split(ctx, event, spec, manifest, model, device, label=split)
+        baseline = None
+        if candidate.scores is not None:
+            baseline = await _baseline(ctx, event, spec, manifest, base_model, device)
+        return [_result(event, ctx, split, candidate, _compare(candidate.scores, baseline))]
+
+    validation, test = await asyncio.gather(one_split("validation"), one_split("test"))
+    return validation + test
+
+
+def _result(
+    event: TrainResult,
+    ctx: StageContext,
+    split: SplitName,
+    run: SplitRun,
+    baseline: BaselineComparison | None,
+) -> Outgoing:
+    ok = run.error is None
+    result = BenchResult(
+        request_id=event.request_id,
+        ok=ok,
+        split=split,
+        context=event.context,
+        data=event.data,
+        train=event.train,
+        benchmark=run.scores,
+        baseline=baseline,
+        outcome=run.outcome,
+        failed_stage=None if ok else FailedStage.benchmark,
+        error=run.error,
+    )
+    s = ctx.subjects
+    if split == "test":
+        return Outgoing(s.bench_test, result, "test")
+    return Outgoing(s.bench_completed if ok else s.bench_failed, result, "completed" if ok else "failed")
+
+
+async def _run_split(
+    ctx: StageContext,
+    event: TrainResult,
+    spec: BenchmarkSpec,
+    manifest: SplitManifest,
+    model: ModelSelection,
+    device: str,
+    *,
+    label: str,
+) -> SplitRun:
+    settings = ctx.settings
+    run_dir = ctx.workdir / f"bench-{label}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prepared = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval="lm_eval", model=model, device=device)
+    timeout = settings.timeout_for("benchmark", event.context.timeouts.benchmark)
+    log_path = run_dir / "lm_eval.log"
+    await ctx.progress(message=f"{label}: lm-eval on {sum(len(v) for v in manifest.item_ids.values())} items")
+    run = await ctx.runner.run(
+        prepared.argv, cwd=run_dir, env=prepared.env, timeout_s=timeout, log_path=log_path,
+        tail_chars=settings.log_tail_chars,
+    )
+    log_ref: ArtifactRef = await ctx.artifacts.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
+    outcome = StageOutcome(
+        exit_code=run.exit_code, timed_out=run.timed_out, duration_s=run.duration_s, timeout_s=timeout,
+        log=log_ref, log_tail=run.output_tail,
+    )
+    if run.timed_out:
+        return SplitRun(None, outcome, f"benchmark ({label}) timed out after {timeout:.0f} s (exit code 124)")
+    if run.exit_code != 0:
+        return SplitRun(None, outcome, f"lm-eval ({label}) exited with code {run.exit_code}")
+    try:
+        scores = await asyncio.to_thread(
+            parse_lm_eval_output, prepared.output_dir, spec, manifest, settings.max_error_samples,
+            settings.error_sample_seed,
+        )
+    except LmEvalOutputError as exc:
+        return SplitRun(None, outcome, f"lm-eval ({label}) output unreadable: {exc}")
+    if not scores.accuracy_summary:
+        return SplitRun(scores, outcome, f"lm-eval ({label}) produced no metrics")
+    log.info("split scored", split=label, primary=scores.primary_metric, value=scores.primary_value)
+    return SplitRun(scores, outcome, None)
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """Identifies a base model without hashing gigabytes: configs and tokenizer by content,
+    weights by name and size."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.iterdir() if p.is_file()):
+        digest.update(path.name.encode())
+        if path.suffix in {".json", ".model", ".txt", ".jinja"} and path.stat().st_size < 32 * 2**20:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        else:
+            digest.update(str(path.stat().st_size).encode())
+    return digest.hexdigest()
+
+
+def baseline_key(model_dir: Path, manifest: SplitManifest, device: str) -> str:
+    payload = json.dumps(
+        [BASELINE_FORMAT, model_fingerprint(model_dir), manifest.model_dump(mode="json"), device], sort_keys=True
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+async def _baseline(
+    ctx: StageContext,
+    event: TrainResult,
+    spec: BenchmarkSpec,
+    manifest: SplitManifest,
+    base_model: Path,
+    device: str,
+) -> BenchmarkScores | None:
+    key = await asyncio.to_thread(baseline_key, base_model, manifest, device)
+    name = f"cache/baseline/{key}/scores.json"
+    ref = await ctx.artifacts.stat(name)
+    if ref is not None:
+        return BenchmarkScores.model_validate_json(await ctx.artifacts.get_bytes(ref))
+    run = await _run_split(ctx, event, spec, manifest, select_model(base_model, None), device,
+                           label=f"baseline-{manifest.split}")
+    if run.scores is None:
+        # The candidate's verdict does not depend on it: report it missing, never fail for it.
+        log.warning("baseline run failed", split=manifest.split, error=run.error)
+        return None
+    await ctx.artifacts.put_bytes(name, run.scores.model_dump_json().encode())
+    return run.scores
+
+
+def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None) -> BaselineComparison | None:
+    if candidate is None or baseline is None:
+        return None
+    difference = None
+    if candidate.primary_value is not None and baseline.primary_value is not None:
+        difference = candidate.primary_value - baseline.primary_value
+    return BaselineComparison(
+        baseline=baseline,
+        primary_metric=candidate.primary_metric,
+        candidate_value=candidate.primary_value,
+        baseline_value=baseline.primary_value,
+        difference=difference,
+    )
+
+
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
+    await StageWorker(bus, Stage.bench, handle, (TrainResult,), concurrency=concurrency).run(stop)

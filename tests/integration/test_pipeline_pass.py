@@ -1,0 +1,46 @@
+"""A candidate that passes end to end: real NATS, real services, stand-in toolchain executables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.events import Progress, Report, TaskSpec
+from tests.integration.conftest import Pipeline, write_workspace
+
+TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="double numbers")
+
+
+async def test_a_good_candidate_passes_with_scores_baseline_and_a_separate_report(
+    pipeline: Pipeline, tmp_path: Path
+) -> None:
+    await pipeline.start()
+    ws = write_workspace(tmp_path / "ws")
+    seen: list[Progress] = []
+    rid = await pipeline.client.submit(ws, TASK)
+    verdict = await pipeline.client.wait(rid, on_progress=seen.append, timeout_s=120)
+
+    assert verdict.status == "completed", verdict.execution
+    assert verdict.final_decision is True
+    assert verdict.failed_stage is None
+    bench = verdict.result.benchmark
+    assert bench is not None and set(bench.accuracy_summary) == {"doubling", "halving"}
+    # Validation = the first min(100, n//2) items of each subset.
+    assert bench.item_ids == {"doubling": [f"d{i}" for i in range(10)], "halving": [f"h{i}" for i in range(6)]}
+    metrics = verdict.result.training_metrics
+    assert len(metrics.loss_history.train) == 5 and metrics.final_loss < metrics.initial_loss
+    assert verdict.result.data_stats is not None and verdict.result.data_stats.total_samples == 40
+    baseline = verdict.result.baseline
+    assert baseline is not None and baseline.difference is not None and baseline.difference > 0
+    # The agent's verdict has no test results; the report does, on the last items.
+    assert "benchmark_test" not in verdict.model_dump()
+    report = await pipeline.client.wait(rid, timeout_s=60, report=True)
+    assert isinstance(report, Report)
+    assert report.benchmark_test is not None
+    assert report.benchmark_test.item_ids["doubling"] == [f"d{i}" for i in range(10, 20)]
+    # Training progress arrived, in step order.
+    steps = [p.step for p in seen if p.stage == "train" and p.step is not None]
+    assert steps == sorted(steps) and steps[-1] == 5
+    # The trained outputs are referenced, and optimizer checkpoints are not kept.
+    paths = {a.path for a in verdict.artifacts}
+    assert "output/adapter_model.safetensors" in paths
+    assert not any("checkpoint-" in p for p in paths)
