@@ -380,3 +380,7 @@ def main() -> None:
     except BrokenPipeError:
         sys.exit(2)
 
+
+
+if __name__ == "__main__":
+    main()

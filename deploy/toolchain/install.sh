@@ -28,7 +28,7 @@ fi
 
 # What the env is built from; any change to it means a rebuild.
 key="$( {
-    cat "$0" "$REQ"
+    cat "${BASH_SOURCE[0]}" "$REQ" "$HERE/torchaudio_standin/__init__.py"
     [ -f "$CONSTRAINTS" ] && cat "$CONSTRAINTS"
     "$PYTHON" -c 'import sys; print(sys.version)'
 } | sha256sum | cut -d' ' -f1)"
@@ -58,28 +58,12 @@ log "removing torchvision/torchaudio (CUDA builds that do not match the CPU torc
 "$PY" -m pip uninstall --disable-pip-version-check -y torchvision torchaudio >/dev/null 2>&1 || true
 
 # LlamaFactory 0.9.5 imports torchaudio unconditionally (data/mm_plugin.py) but uses it only for
-# audio inputs. A plain module without dist-info: transformers' is_torchaudio_available() reads
-# package metadata, so it still reports torchaudio absent and never takes an audio code path.
+# audio inputs: a plain package without dist-info (see torchaudio_standin/__init__.py) lets it import
+# while transformers, which reads package metadata, still treats torchaudio as absent.
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-mkdir -p "$site/torchaudio"
-cat > "$site/torchaudio/__init__.py" <<'PYEOF'
-"""ftbus stand-in for torchaudio (see deploy/toolchain/install.sh): importable, does nothing.
-
-LlamaFactory imports torchaudio at module level but needs it only for audio data; the CUDA build
-that pip brings breaks beside a CPU torch. Any real use fails loudly here instead of silently.
-"""
-
-__version__ = "0.0.0+ftbus.standin"
-
-
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise AttributeError(
-        f"torchaudio.{name}: this toolchain has only a stand-in torchaudio (audio is unsupported "
-        "on the CPU toolchain; use the GPU image)"
-    )
-PYEOF
+rm -rf "$site/torchaudio"
+cp -r "$HERE/torchaudio_standin" "$site/torchaudio"
+rm -rf "$site/torchaudio/__pycache__"
 
 # Smoke test, offline as the stages run it: both entry points must start without the network.
 log "checking llamafactory-cli and lm_eval offline"
