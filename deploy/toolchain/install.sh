@@ -58,8 +58,9 @@ log "removing torchvision/torchaudio (CUDA builds that do not match the CPU torc
 "$PY" -m pip uninstall --disable-pip-version-check -y torchvision torchaudio >/dev/null 2>&1 || true
 
 # LlamaFactory 0.9.5 imports torchaudio unconditionally (data/mm_plugin.py) but uses it only for
-# audio inputs: a plain package without dist-info (see torchaudio_standin/__init__.py) lets it import
-# while transformers, which reads package metadata, still treats torchaudio as absent.
+# audio inputs: a plain package (see torchaudio_standin/__init__.py) lets it import. transformers
+# 5.6 then reports torchaudio available (it only asks find_spec), which matters only to audio
+# models and pipelines: those fail with the stand-in's message instead of an import error.
 site="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -rf "$site/torchaudio"
 cp -r "$HERE/torchaudio_standin" "$site/torchaudio"

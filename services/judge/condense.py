@@ -55,7 +55,10 @@ _LOGGER_LEADER = re.compile(r"^.*?>>\s*")
 _NUM_EXAMPLES = re.compile(r"Num examples\s*=\s*([\d,]+)")
 _NUM_EPOCHS = re.compile(r"Num Epochs\s*=\s*([\d,.]+)")
 _TOTAL_STEPS = re.compile(r"Total optimization steps\s*=\s*([\d,]+)")
+_LOSS_LINE = re.compile(r"^\s*\{\s*'(?:loss|eval_loss)'\s*:[^{}]*\}\s*$")
+_LOSS_DICT = re.compile(r"\{\s*'loss'\s*:[^{}]*\}")
 _METRICS_DICT = re.compile(r"\{\s*'train_runtime'\s*:[^{}]*\}")
+_BARE_TQDM = re.compile(r"^\s*\d{1,3}%\|.*\|\s*\d+/\d+")
 _TQDM = re.compile(r"^\s*(?:[^|]*:\s*)?\d{1,3}%\|.*\|\s*\d+/\d+")
 _METRICS_BLOCK_LINE = re.compile(r"^\s+(\w+)\s+=\s+(\S+)\s*$")
 _CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory", re.IGNORECASE)
@@ -80,6 +83,9 @@ class CondensedLog(BaseModel):
     num_epochs: float | None = None
     total_steps: int | None = None
     last_progress: str | None = Field(default=None, description="The last progress-bar state seen.")
+    last_train_log: dict[str, float] | None = Field(
+        default=None, description="The last per-step {'loss': ...} record the Trainer printed."
+    )
     final_metrics: dict[str, float] | None = None
     completed: bool = False
     warnings: list[str] = Field(default_factory=list)
@@ -269,19 +275,35 @@ def _to_number(value: str) -> float | None:
     return None
 
 
+def _literal_metrics(literal: str) -> dict[str, float] | None:
+    """A printed dict of numbers, read with literal_eval: log text is never executed."""
+    try:
+        value = ast.literal_eval(literal)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    metrics = {str(k): n for k, v in value.items() if (n := _metric_value(v)) is not None}
+    return metrics or None
+
+
+def _metric_value(value: object) -> float | None:
+    # transformers 5 prints the values as strings ('0.2249'); older versions as numbers.
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        return _to_number(value)
+    return None
+
+
 def _final_metrics(text: str, texts: list[str]) -> dict[str, float] | None:
     """The Trainer's ``{'train_runtime': ...}`` dict, or failing that its "train metrics" block."""
     for literal in reversed(_METRICS_DICT.findall(text)):
-        try:
-            value = ast.literal_eval(literal)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            continue
-        if isinstance(value, dict):
-            metrics = {
-                str(k): float(v) for k, v in value.items() if isinstance(v, int | float) and not isinstance(v, bool)
-            }
-            if metrics:
-                return metrics
+        metrics = _literal_metrics(literal)
+        if metrics:
+            return metrics
     for no in range(len(texts) - 1, -1, -1):
         if "***** train metrics *****" in texts[no]:
             metrics = {}
@@ -295,6 +317,29 @@ def _final_metrics(text: str, texts: list[str]) -> dict[str, float] | None:
                     metrics[m.group(1)] = number
             return metrics or None
     return None
+
+
+def _last_train_log(text: str) -> dict[str, float] | None:
+    # Scan from the end: a long run prints thousands of these, only the last one matters.
+    end = len(text)
+    while (start := text.rfind("{'loss'", 0, end)) != -1:
+        m = _LOSS_DICT.match(text, start)
+        if m and (metrics := _literal_metrics(m.group(0))):
+            return metrics
+        end = start
+    return None
+
+
+def _last_progress(texts: list[str]) -> str | None:
+    """The last training progress bar; the Trainer's bar has no description, unlike
+    "Writing model shards: ..." or "Running tokenizer on dataset: ..." bars."""
+    fallback = None
+    for line in reversed(texts):
+        if _TQDM.match(line):
+            if _BARE_TQDM.match(line):
+                return line.strip()
+            fallback = fallback or line.strip()
+    return fallback
 
 
 def _int(m: re.Match[str] | None) -> int | None:
@@ -359,7 +404,8 @@ def condense_log(log: str, exit_code: int, failed_stage: str | None = None) -> C
             "num_examples": _int(_NUM_EXAMPLES.search(after)),
             "num_epochs": float(epochs.group(1).replace(",", "")) if epochs else None,
             "total_steps": _int(_TOTAL_STEPS.search(after)),
-            "last_progress": next((t.strip() for t in reversed(texts) if _TQDM.match(t)), None),
+            "last_progress": _last_progress(texts),
+            "last_train_log": _last_train_log(after),
         }
     final_metrics = _final_metrics(stripped, texts) if training_started else None
     completed = training_started and ("Training completed" in stripped or final_metrics is not None)
@@ -367,7 +413,12 @@ def condense_log(log: str, exit_code: int, failed_stage: str | None = None) -> C
     # The tail helps when nothing else explains the outcome: no error and no training facts, or a
     # failure that left no error message (a SIGKILL or a timeout mid-step).
     need_tail = error is None and (not training_started or exit_code != 0)
-    tail = text[-TAIL_MAX_CHARS:] if need_tail and text.strip() else None
+    tail = None
+    if need_tail and text.strip():
+        # Per-step loss records are summarised by last_train_log (and the loss history): leave them
+        # out so the tail shows what else happened last (checkpoints, messages).
+        tail_text = "\n".join(t for t in text.split("\n") if not _LOSS_LINE.match(t)) if training_started else text
+        tail = tail_text[-TAIL_MAX_CHARS:]
 
     return CondensedLog(
         status="success" if exit_code == 0 else "failed",

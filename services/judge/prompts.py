@@ -23,6 +23,7 @@ from services.judge.rules import (
     failed_stage_of,
     model_files_of,
     outcome_of,
+    restates_exit,
 )
 from shared.events import BenchResult, DataResult, FailedStage, LossHistory, TaskSpec
 from shared.settings import Settings
@@ -169,7 +170,7 @@ def build_context(event: JudgedEvent, train_yaml: str, condensed: CondensedLog, 
         model_files_status="Found" if model_files else "Not found",
         model_files=model_files,
         failed_stage=str(stage) if stage else None,
-        stage_error=(event.error or "")[:1000] or None,
+        stage_error=None if restates_exit(event.error) else (event.error or "")[:1000] or None,
         timeout_seconds=round(timeout) if timeout is not None else None,
         data_summary=_data_summary(event),
         benchmark_result=_benchmark_json(event),

@@ -124,6 +124,11 @@ def _stage_failure(name: str, outcome: StageOutcome | None, error: str | None) -
     return f"{name} failed: {error}" if error else f"{name} failed"
 
 
+def restates_exit(error: str | None) -> bool:
+    """True when a stage's error message says no more than its exit code or timeout."""
+    return bool(error and _RESTATES_EXIT.search(error))
+
+
 def rules_decision(event: JudgedEvent) -> RulesOutcome:
     """True iff every stage exited 0, the model files exist and the benchmark produced results."""
     if isinstance(event, BenchResult) and event.split != "validation":
@@ -367,7 +372,11 @@ def _data_advice(event: JudgedEvent, config: dict[str, Any]) -> list[str]:
             f"p99 sample length is about {longest} tokens, above cutoff_len={cutoff:g}: long samples are "
             "truncated; raise cutoff_len if memory allows, or shorten the samples."
         )
-    empty = {name: c.empty_count for name, c in stats.token_stats.items() if c.empty_count}
+    # An empty alpaca `input` (or `system`/`history`) is normal; an empty prompt or answer is not.
+    optional = {"input", "system", "history", "query"}
+    empty = {
+        name: c.empty_count for name, c in stats.token_stats.items() if c.empty_count and name not in optional
+    }
     if empty:
         advice.append(f"Some columns have empty values {empty}: filter them out in process_data.py.")
     if stats.total_samples < 50:
@@ -539,7 +548,7 @@ def rules_feedback(
         cause = headline(condensed)
         if cause:
             what += f". Error: {cause}"
-        if event.error and not _RESTATES_EXIT.search(event.error) and event.error not in what:
+        if event.error and not restates_exit(event.error) and event.error not in what:
             # The stage's own diagnosis (e.g. "data.json is empty"), when it adds to the exit code.
             what += f". Stage report: {event.error[:400]}"
     execution = f"FAILED with category [{category}]: {what}"

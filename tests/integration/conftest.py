@@ -11,7 +11,7 @@ import contextlib
 import json
 import secrets
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +24,6 @@ from shared.settings import Settings
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE.parent / "standin"
-
-
-@pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
-    store = tmp_path_factory.mktemp("nats")
-    server = EmbeddedServer(store, log_file=store / "server.log")
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="session")

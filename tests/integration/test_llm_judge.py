@@ -164,7 +164,7 @@ async def test_answer_that_never_validates(server: FakeOpenAIServer, tmp_path: P
 
 async def test_500_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = error(500, "upstream exploded")
-    settings = make_settings(tmp_path, server, judge_time_budget_s=2.5, judge_request_timeout_s=2.0)
+    settings = make_settings(tmp_path, server, judge_time_budget_s=4.0, judge_request_timeout_s=2.0)
     started = time.monotonic()
     result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, OOM_LOG, settings)
     assert time.monotonic() - started < 60  # bounded by the budget, with room for a loaded machine
@@ -185,7 +185,7 @@ async def test_transient_errors_recover(server: FakeOpenAIServer, tmp_path: Path
 
 async def test_timeout_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = Reply(content=json.dumps(GOOD), delay_s=30.0)
-    settings = make_settings(tmp_path, server, judge_time_budget_s=3.0, judge_request_timeout_s=0.5)
+    settings = make_settings(tmp_path, server, judge_time_budget_s=4.0, judge_request_timeout_s=0.5)
     started = time.monotonic()
     result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", settings)
     assert time.monotonic() - started < 60

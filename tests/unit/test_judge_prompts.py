@@ -64,7 +64,9 @@ def test_user_prompt_for_failed_training(settings: Settings) -> None:
     assert "Stage timeout setting: 360000 seconds" in prompt
     assert NO_BENCHMARK in prompt
     assert '"cuda_oom": true' in prompt and "torch.OutOfMemoryError" in prompt
-    assert "Error reported by the stage: training exited with code 1" in prompt
+    assert "Error reported by the stage" not in prompt  # it would only repeat the exit code
+    event = ev.data_failed(0, "done\n", error="data.json is an empty list")
+    assert "Error reported by the stage: data.json is an empty list" in _user_prompt(event, settings, "done\n")
 
 
 def test_timeout_comes_from_the_request_when_the_runner_did_not_record_one(settings: Settings) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from services.judge.condense import condense_log
@@ -163,3 +165,28 @@ def test_rules_do_not_mutate_the_event() -> None:
     before = event.model_dump()
     _judge_parts(event, "Training completed.\n")
     assert event.model_dump() == before
+
+
+# ---------------------------------------------------------------- real LlamaFactory logs
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+
+@pytest.mark.parametrize(
+    ("name", "exit_code", "category", "advice"),
+    [
+        ("train_bad_key.log", 1, "Config", "Remove the parameters LlamaFactory does not know: ['lora_rnak']"),
+        ("train_missing_dataset.log", 1, "Data", "Fix the data pipeline"),
+        ("train_timeout.log", 124, "Timeout", "Training hit its 360000 s limit (last progress:"),
+    ],
+)
+def test_real_training_failures(name: str, exit_code: int, category: str, advice: str) -> None:
+    path = LOGS / name
+    if not path.is_file():
+        pytest.skip(f"real log fixture {name} not captured")
+    log = path.read_bytes().decode("utf-8")
+    event = ev.train_failed(exit_code, log[-20000:])
+    rules, fb = _judge_parts(event, log)
+    assert not rules.decision and not fb.final_decision
+    assert fb.execution.startswith(f"FAILED with category [{category}]")
+    assert advice in fb.code

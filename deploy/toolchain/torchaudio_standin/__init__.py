@@ -1,9 +1,10 @@
 """ftbus stand-in for torchaudio (installed by deploy/toolchain/install.sh): importable, does nothing.
 
 LlamaFactory 0.9.5 imports torchaudio at module level (data/mm_plugin.py) but needs it only for
-audio inputs, and the torchaudio build pip brings does not load beside a CPU torch. This package has
-no dist-info on purpose: transformers' is_torchaudio_available() reads package metadata, so it
-still reports torchaudio absent and never takes an audio code path. Any real use fails loudly.
+audio inputs, and the torchaudio build pip brings does not load beside a CPU torch. It has no
+dist-info (pip does not see it), but transformers 5.6's is_torchaudio_available() only asks
+find_spec and so says True: audio models and pipelines would then reach this module, and any
+attribute they ask for fails loudly below. Text fine-tuning and evaluation never touch it.
 """
 
 __version__ = "0.0.0+ftbus.standin"

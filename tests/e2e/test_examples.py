@@ -1,0 +1,60 @@
+"""Both example workspaces through the real pipeline: real nats-server, llamafactory-cli, lm-eval."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+
+from shared.embedded import EmbeddedServer
+from shared.events import Progress, Report, TaskSpec
+from shared.settings import Settings
+from tests.integration.conftest import Pipeline
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("example", ["lora", "full"])
+async def test_example_passes_for_real(
+    example: str, nats_server: EmbeddedServer, real_assets: Path, toolchain_bin: Path, tmp_path: Path
+) -> None:
+    settings = Settings(
+        home=tmp_path / "home", assets_dir=real_assets, nats_url=nats_server.url, toolchain_bin=toolchain_bin,
+        subject_prefix="e" + secrets.token_hex(4), log_format="json", log_level="WARNING",
+    )
+    pipeline = Pipeline(settings)
+    try:
+        await pipeline.start()
+        seen: list[Progress] = []
+        task = TaskSpec(base_model="tiny-llama", benchmark="tiny-arith", involving_datasets=["tiny-qa"],
+                        description="answer arithmetic questions")
+        rid = await pipeline.client.submit(REPO / "examples" / example, task)
+        verdict = await pipeline.client.wait(rid, on_progress=seen.append, timeout_s=900)
+
+        assert verdict.status == "completed", verdict.execution
+        assert verdict.final_decision is True, verdict.execution
+        metrics = verdict.result.training_metrics
+        assert metrics.loss_history.train, "no loss history"
+        assert metrics.final_loss is not None and metrics.initial_loss is not None
+        bench = verdict.result.benchmark
+        assert bench is not None and bench.accuracy_summary
+        assert set(bench.accuracy_summary) == {"addition", "subtraction"}
+        assert verdict.result.baseline is not None
+        model_files = {a.path for a in verdict.artifacts}
+        expected = "output/adapter_model.safetensors" if example == "lora" else "output/model.safetensors"
+        assert expected in model_files
+        assert "output/training_loss.png" in model_files  # plot_loss: true, kept and referenced
+        assert "benchmark_test" not in verdict.model_dump()
+
+        report = await pipeline.client.wait(rid, timeout_s=300, report=True)
+        assert isinstance(report, Report)
+        assert report.benchmark_test is not None and report.benchmark_test.accuracy_summary
+        assert set(report.benchmark_test.item_ids["addition"]).isdisjoint(bench.item_ids["addition"])
+
+        steps = [p.step for p in seen if p.stage == "train" and p.step is not None]
+        assert steps, "no training progress arrived"
+        assert steps == sorted(steps)
+    finally:
+        await pipeline.stop()
