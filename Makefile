@@ -39,7 +39,7 @@ test-e2e: install toolchain
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
 bench: install toolchain
-	$(BIN)/python -m shared.bench
+	$(BIN)/python bench/pipeline_vs_direct.py
 
 lint: install
 	$(BIN)/ruff check .

@@ -102,7 +102,7 @@ class StageWorker:
         remember_results: bool = True,
         skip_cancelled: bool = True,
         announce: bool = True,
-        dead_letter_undecodable: bool = True,
+        dead_letter_undecodable: bool | Callable[[str], bool] = True,
     ) -> None:
         self.bus = bus
         self.stage = stage
@@ -169,8 +169,16 @@ class StageWorker:
         try:
             event = codec.decode(msg.data, self.expected)
         except codec.CodecError as err:
-            if self.dead_letter_undecodable:
+            # A callable decides by subject: a consumer that reads another stage's input leaves
+            # the dead letter (and the stage it names) to that stage's own workers.
+            dead_letter = self.dead_letter_undecodable
+            if callable(dead_letter):
+                dead_letter = dead_letter(msg.subject)
+            if dead_letter:
                 await self._dead_letter(msg, err.reason, err.request_id, deliveries)
+            elif callable(self.dead_letter_undecodable):
+                log.info("unreadable message, dead-lettered by its stage", reason=err.reason, subject=msg.subject)
+                await msg.term()
             else:
                 log.error("dropping an unreadable message", reason=err.reason, subject=msg.subject)
                 await msg.term()

@@ -83,6 +83,7 @@ class Aggregator:
             remember_results=False,
             skip_cancelled=False,
             announce=False,
+            dead_letter_undecodable=self._no_stage_reads,
         )
         tests = StageWorker(
             self.bus,
@@ -125,6 +126,17 @@ class Aggregator:
             await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
+
+    def _no_stage_reads(self, subject: str) -> bool:
+        """Whether no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
+
+        An unreadable event bound for a stage is dead-lettered by that stage's workers, naming that
+        stage; were the aggregator to do it too, the two letters would race to name the stage of
+        the error verdict. The aggregator dead-letters only what it alone reads (judge results,
+        cancels, subjects nobody consumes).
+        """
+        stages = (Stage.data, Stage.train, Stage.bench, Stage.judge)
+        return not any(subject in self.s.stage_filters(stage) for stage in stages)
 
     # ------------------------------------------------------------------ events
 

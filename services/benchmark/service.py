@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,8 +133,12 @@ async def _run_split(
     timeout = settings.timeout_for("benchmark", event.context.timeouts.benchmark)
     log_path = run_dir / "lm_eval.log"
     await ctx.progress(message=f"{label}: lm-eval on {sum(len(v) for v in manifest.item_ids.values())} items")
+    env = dict(prepared.env)
+    if device == "cpu":
+        # The two splits run at once: give each half the cores, or torch's thread pools fight.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
     run = await ctx.runner.run(
-        prepared.argv, cwd=run_dir, env=prepared.env, timeout_s=timeout, log_path=log_path,
+        prepared.argv, cwd=run_dir, env=env, timeout_s=timeout, log_path=log_path,
         tail_chars=settings.log_tail_chars,
     )
     log_ref: ArtifactRef = await ctx.artifacts.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
