@@ -1,0 +1,94 @@
+"""The aggregator's record transitions: first verdict wins, reports wait for the test split."""
+
+from __future__ import annotations
+
+from services.aggregator import service as agg
+from services.aggregator.verdicts import build_report, report_ready
+from shared.events import (
+    BenchmarkScores,
+    BenchResult,
+    CancelRequested,
+    DataSummary,
+    DeadLetter,
+    Feedback,
+    JudgeInfo,
+    JudgeResult,
+    RequestContext,
+    Stage,
+    TaskSpec,
+    TrainSummary,
+    VerdictResult,
+)
+from shared.records import RequestRecord
+
+CONTEXT = RequestContext(task=TaskSpec(base_model="m", benchmark="b"), workspace=[])
+
+
+def judge_result(decision: bool = True, expects_test: bool = True) -> JudgeResult:
+    return JudgeResult(
+        request_id="r1",
+        context=CONTEXT,
+        feedback=Feedback(execution="SUCCESS", return_checking="ok", code="fine", final_decision=decision),
+        judge=JudgeInfo(kind="rules", rules_decision=decision),
+        result=VerdictResult(),
+        expects_test=expects_test,
+    )
+
+
+def test_the_first_verdict_wins_whatever_comes_later() -> None:
+    record = RequestRecord(request_id="r1")
+    agg._on_judge(record, judge_result(True))
+    agg._on_dead_letter(record, DeadLetter(request_id="r1", original_subject="x", stage=Stage.train, reason="boom"))
+    agg._on_cancel(record, CancelRequested(request_id="r1"))
+    assert record.verdict is not None and record.verdict.status == "completed"
+    assert record.final_decision is True and record.cancel_requested is True
+
+
+def test_a_dead_letter_becomes_an_error_verdict_naming_the_stage() -> None:
+    record = RequestRecord(request_id="r1", stage="train")
+    letter = DeadLetter(request_id="r1", original_subject="x", stage=Stage.train, reason="disk full")
+    agg._on_dead_letter(record, letter)
+    assert record.verdict is not None
+    assert record.verdict.status == "error" and record.verdict.failed_stage == "training"
+    assert "disk full" in record.verdict.execution and record.verdict.final_decision is False
+
+
+def test_cancel_names_the_running_stage() -> None:
+    record = RequestRecord(request_id="r1", stage="bench")
+    agg._on_cancel(record, CancelRequested(request_id="r1", reason="not needed"))
+    assert record.verdict is not None and record.verdict.status == "cancelled"
+    assert record.verdict.failed_stage == "benchmark" and "not needed" in record.verdict.execution
+
+
+def test_the_report_waits_for_the_test_split_then_carries_it() -> None:
+    record = RequestRecord(request_id="r1")
+    agg._on_judge(record, judge_result(expects_test=True))
+    assert not report_ready(record)
+    test = BenchResult(request_id="r1", ok=True, split="test", context=CONTEXT, data=DataSummary(),
+                       train=TrainSummary(), benchmark=BenchmarkScores(accuracy_summary={"s": {"acc": 0.5}}))
+    agg._on_test(record, test)
+    assert report_ready(record)
+    report = build_report(record)
+    assert report.benchmark_test is not None and report.benchmark_test.accuracy_summary == {"s": {"acc": 0.5}}
+    assert report.final_decision is True
+
+
+def test_no_test_split_expected_after_an_early_failure() -> None:
+    record = RequestRecord(request_id="r1")
+    agg._on_judge(record, judge_result(decision=False, expects_test=False))
+    assert report_ready(record)
+
+
+def test_progress_after_the_verdict_does_not_reopen_the_request() -> None:
+    from shared.events import Progress
+
+    record = RequestRecord(request_id="r1")
+    agg._on_judge(record, judge_result())
+    agg._on_progress(record, Progress(request_id="r1", stage=Stage.train, state="started"))
+    assert record.status == "completed"
+
+
+def test_consumer_names_map_back_to_stages() -> None:
+    assert agg._stage_of_consumer("ftbus", "ftbus-train") is Stage.train
+    assert agg._stage_of_consumer("ftbus", "ftbus-aggregate-test") is Stage.aggregate
+    assert agg._stage_of_consumer("ftbus", "other") is None
