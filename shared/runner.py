@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import ctypes
 import inspect
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -305,6 +307,7 @@ class LocalRunner:
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             except FileNotFoundError as exc:
                 output.note(f"cannot start {argv[0]!r}: command not found ({exc.strerror}); PATH is "
@@ -438,3 +441,18 @@ class LocalRunner:
         transport = getattr(proc, "_transport", None)
         if transport is not None:
             transport.close()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL it when the worker dies.
+
+    A worker killed with SIGKILL cannot clean up; without this its training process would go on
+    as an orphan while the redelivered message starts the same training on another worker.
+    (Grandchildren that the candidate starts itself are not covered: they are re-parented.)
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

@@ -1,0 +1,57 @@
+"""A worker killed with SIGKILL takes its candidate process with it (no orphaned training)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+
+WORKER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from shared.runner import LocalRunner
+
+    async def main():
+        tmp = Path(sys.argv[1])
+        runner = LocalRunner(["PATH"])
+        await runner.run(["sh", "-c", f"echo $$ > {tmp}/child.pid; exec sleep 300"],
+                         cwd=tmp, timeout_s=600, log_path=tmp / "log")
+
+    asyncio.run(main())
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in {"Z", "X"}  # PID 1 here never reaps zombies: a zombie is dead
+
+
+def test_child_dies_when_the_worker_is_killed(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path)], cwd=repo,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+    pid_file = tmp_path / "child.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert _alive(child)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the candidate process outlived its killed worker"
