@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     judge_retry: int = Field(default=5, ge=1, description="Attempts at a valid JSON answer.")
     judge_time_budget_s: float = Field(default=300.0, gt=0, description="For transport retries.")
     judge_request_timeout_s: float = Field(default=120.0, gt=0)
+    judge_prompts_file: Path | None = Field(
+        default=None, description="Judge prompt templates (YAML). Default: the repository's prompts/judge.yaml."
+    )
     judge_policy: Literal["both", "llm", "rules"] = Field(
         default="both", description="Who decides when rules pass: both must agree, the LLM, or the rules."
     )

@@ -19,7 +19,7 @@ from typing import Literal
 
 from services.judge.condense import CondensedLog, condense_log
 from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
-from services.judge.prompts import build_context, render_system, render_user, stage_timeout
+from services.judge.prompts import build_context, render_system, render_user, stage_timeout, templates_for
 from services.judge.rules import JudgedEvent, RulesOutcome, outcome_of, rules_decision, rules_feedback
 from shared.events import (
     BenchResult,
@@ -189,7 +189,10 @@ async def judge(
             if not settings.judge_model:
                 raise LlmJudgeUnavailable("no judge model configured")
             context = build_context(event, train_yaml, condensed, settings)
-            answer = await ask_llm(render_system(), render_user(context), settings)
+            templates = templates_for(settings)
+            answer = await ask_llm(
+                render_system(templates), render_user(context, templates), settings, templates=templates
+            )
         except LlmJudgeUnavailable as exc:
             get_logger("ftbus.judge").info("judge_rules_fallback", reason=exc.reason)
             feedback = rules_feedback(event, condensed, train_yaml=train_yaml, timeout_s=timeout_s)

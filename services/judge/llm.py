@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_base
 
-from services.judge.prompts import JudgeTemplates, load_templates, render_retry_note
+from services.judge.prompts import JudgeTemplates, render_retry_note, templates_for
 from shared.logs import get_logger
 from shared.settings import Settings
 
@@ -264,7 +264,7 @@ async def ask_llm(
     """Get a validated answer from ``settings.judge_model``, or raise LlmJudgeUnavailable."""
     if not settings.judge_model:
         raise LlmJudgeUnavailable("no judge model configured")
-    templates = templates or load_templates()
+    templates = templates or templates_for(settings)
     owned = client is None
     client = client or make_client(settings)
     json_mode = [True]

@@ -54,6 +54,11 @@ def load_templates(path: Path = PROMPTS_FILE) -> JudgeTemplates:
     return JudgeTemplates(path)
 
 
+def templates_for(settings: Settings) -> JudgeTemplates:
+    """The templates a worker uses: ``judge_prompts_file`` when set (e.g. in a container image)."""
+    return load_templates(settings.judge_prompts_file or PROMPTS_FILE)
+
+
 class PromptContext(BaseModel):
     """Everything the user prompt shows, already reduced to text."""
 
