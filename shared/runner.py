@@ -248,6 +248,8 @@ class LocalRunner:
         if self.path_prefix:
             base = result.get("PATH") or os.defpath
             result["PATH"] = os.pathsep.join([*(str(p) for p in self.path_prefix), base])
+        # Inherited by everything the candidate starts: lets reap_orphans() find them all.
+        result[OWNER_ENV] = f"{os.getpid()}:{_start_time(os.getpid())}"
         return result
 
     async def run(
@@ -456,3 +458,58 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+OWNER_ENV = "FTBUS_WORKER"
+
+
+def _start_time(pid: int) -> str:
+    """A process's start time in clock ticks: a pid plus this identifies it even after pid reuse."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in {"Z", "X"}
+
+
+def reap_orphans() -> list[int]:
+    """Kill candidate processes whose worker died without cleaning up (e.g. SIGKILL).
+
+    PR_SET_PDEATHSIG covers the direct child; what it started (re-parented grandchildren) is found
+    here by the owner tag every candidate process inherits. Called when a worker starts on a host;
+    only processes of this user whose owning worker is gone (or was replaced by another process
+    with the same pid) are killed. Returns the pids killed.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    uid = os.getuid()
+    marker = f"{OWNER_ENV}=".encode()
+    killed: list[int] = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        tag = next((v[len(marker):] for v in environ.split(b"\0") if v.startswith(marker)), None)
+        if tag is None:
+            continue
+        owner, _, started = tag.decode(errors="replace").partition(":")
+        if owner.isdigit() and _alive(int(owner)) and _start_time(int(owner)) == started:
+            continue  # its worker is alive: not an orphan
+        pid = int(entry.name)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed

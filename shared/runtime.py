@@ -38,7 +38,7 @@ from shared.bus import Bus
 from shared.events import CancelRequested, DeadLetter, Progress, Stage
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord
-from shared.runner import LocalRunner, Runner
+from shared.runner import LocalRunner, Runner, reap_orphans
 from shared.subjects import msg_id
 
 log = get_logger("ftbus.runtime")
@@ -127,6 +127,9 @@ class StageWorker:
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self, stop: asyncio.Event) -> None:
+        orphans = await asyncio.to_thread(reap_orphans)
+        if orphans:
+            log.warning("killed candidate processes left by a dead worker", pids=orphans)
         await self.bus.ensure_consumer(self.stream, self.durable, self.filters)
         cancel_sub = await self.bus.nc.subscribe(self.bus.subjects.cancel, cb=self._on_cancel)
         log.info("worker started", stage=self.stage.value, concurrency=self.concurrency, durable=self.durable)

@@ -55,3 +55,46 @@ def test_child_dies_when_the_worker_is_killed(tmp_path: Path) -> None:
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the candidate process outlived its killed worker"
+
+
+GRANDCHILD_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pathlib import Path
+    from shared.runner import LocalRunner
+
+    async def main():
+        tmp = Path(sys.argv[1])
+        runner = LocalRunner(["PATH"])
+        # The grandchild leaves the process group and ignores the parent's death: only the
+        # owner tag in its environment can find it.
+        script = f"setsid sleep 300 & echo $! > {tmp}/grandchild.pid; exec sleep 300"
+        await runner.run(["sh", "-c", script], cwd=tmp, timeout_s=600, log_path=tmp / "log")
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_orphaned_grandchildren_are_reaped_by_the_next_worker(tmp_path: Path) -> None:
+    from shared.runner import reap_orphans
+
+    repo = Path(__file__).resolve().parents[2]
+    worker = subprocess.Popen([sys.executable, "-c", GRANDCHILD_WORKER, str(tmp_path)], cwd=repo,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+    pid_file = tmp_path / "grandchild.pid"
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    assert grandchild not in reap_orphans()  # its worker is alive: left alone
+    assert _alive(grandchild)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    time.sleep(0.5)
+    assert _alive(grandchild), "setsid + re-parenting should have let it survive the worker"
+    assert grandchild in reap_orphans()
+    deadline = time.monotonic() + 30
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
