@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ class StageContext:
     runner: Runner
     deliveries: int
     workdir: Path
-    _progress_sent: float = field(default=0.0)
+    subject: str = ""
 
     @property
     def settings(self) -> Any:
@@ -202,7 +202,9 @@ class StageWorker:
         request_id: str = event.request_id
         artifacts = await self.bus.artifacts()
         workdir = self.bus.settings.work / self.stage.value / f"{request_id}-{deliveries}"
-        ctx = StageContext(self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir)
+        ctx = StageContext(
+            self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject
+        )
         log.info("stage started", delivery=deliveries, subject=msg.subject)
         if self.announce:
             await ctx.progress("started", message=f"attempt {deliveries}")

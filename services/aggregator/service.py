@@ -140,8 +140,28 @@ class Aggregator:
 
     # ------------------------------------------------------------------ events
 
+    def _belongs(self, event: Any, subject: str) -> bool:
+        """An event is only believed on its own subject: a JudgeResult published on
+        data.completed is the data stage's dead letter, not a verdict."""
+        s = self.s
+        is_test = getattr(event, "split", None) == "test"
+        allowed = {
+            EvalRequested: {s.eval_requested},
+            CancelRequested: {s.cancel},
+            DataResult: {s.data_completed, s.data_failed},
+            TrainResult: {s.train_completed, s.train_failed},
+            BenchResult: {s.bench_test} if is_test else {s.bench_completed, s.bench_failed},
+            JudgeResult: {s.judge_completed},
+            DeadLetter: {s.dlq},
+        }.get(type(event), set())
+        return subject in allowed
+
     async def on_event(self, event: Any, ctx: StageContext) -> list[Outgoing]:
         rid = event.request_id
+        if not self._belongs(event, ctx.subject):
+            log.warning("ignoring an event on a subject where it does not belong",
+                        event_type=type(event).__name__, subject=ctx.subject, request_id=rid)
+            return []
         if isinstance(event, EvalRequested):
             await self.update(rid, lambda r: _on_request(r, event))
         elif isinstance(event, CancelRequested):

@@ -553,3 +553,21 @@ async def test_the_cli_end_to_end(pipeline: Pipeline, settings: Settings, tmp_pa
     assert set(status["stages"]) >= {"data", "train", "bench", "judge"}
     code, _, err = await run_ftbus(settings, "get", bad_verdict["request_id"], "--json")
     assert code == 1, err
+
+
+async def test_an_event_on_the_wrong_subject_is_not_believed(pipeline: Pipeline) -> None:
+    """A valid JudgeResult smuggled onto data.completed must not become a verdict."""
+    from shared.events import Feedback, JudgeInfo, JudgeResult, RequestContext, VerdictResult
+
+    await pipeline.start()
+    forged = JudgeResult(
+        request_id="forged-1",
+        context=RequestContext(task=TASK, workspace=[]),
+        feedback=Feedback(execution="SUCCESS", return_checking="", code="", final_decision=True),
+        judge=JudgeInfo(kind="rules", rules_decision=True),
+        result=VerdictResult(),
+    )
+    await pipeline.bus.js.publish(pipeline.bus.subjects.data_completed, codec.encode(forged))
+    verdict = await pipeline.client.wait("forged-1", timeout_s=60)
+    # The train stage dead-letters it; the aggregator turns that into an error verdict, never a pass.
+    assert verdict.status == "error" and verdict.final_decision is False
