@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from shared.events import Progress as ProgressEvent
 
@@ -19,7 +19,7 @@ class ProgressView:
             BarColumn(),
             TextColumn("{task.completed:>5.0f}/{task.total:<5.0f}"),
             TextColumn("{task.fields[status]}"),
-            TimeRemainingColumn(),
+            TimeElapsedColumn(),
             console=console,
             transient=False,
         )
@@ -44,7 +44,9 @@ class ProgressView:
         task = self.tasks[stage]
         status = event.state
         if event.loss is not None:
-            status = f"loss {event.loss:.4f}"
+            # The trainer's own ETA (from trainer_log.jsonl), not a guess from bar speed.
+            eta = f"  eta {_clock(event.eta_s)}" if event.eta_s is not None else ""
+            status = f"loss {event.loss:.4f}{eta}"
         elif event.message:
             status = f"{event.state}: {event.message}"[:60]
         if event.step is not None and event.total:
@@ -55,3 +57,9 @@ class ProgressView:
             self.progress.update(task, completed=total, status=event.state)
         else:
             self.progress.update(task, status=status)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
