@@ -1,0 +1,93 @@
+"""`ftbus up` as users run it, and a request that survives a nats-server restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shared.embedded import EmbeddedServer, free_port
+from shared.events import TaskSpec
+from shared.settings import Settings
+from tests.integration.conftest import Pipeline, write_workspace
+
+TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
+FTBUS = [sys.executable, "-m", "shared.cli"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ftbus_up_records_its_url_and_submit_finds_it(tmp_path: Path, standin_bin: Path, assets_dir: Path) -> None:
+    home = tmp_path / "home"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        "FTBUS_HOME": str(home),
+        "FTBUS_ASSETS_DIR": str(assets_dir),
+        "FTBUS_TOOLCHAIN_BIN": str(standin_bin),
+        "FTBUS_LOG_FORMAT": "json",
+    }
+    up = subprocess.Popen([*FTBUS, "up"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        url_file = home / "nats.url"
+        while not url_file.is_file() and time.monotonic() < deadline:
+            assert up.poll() is None, up.stdout.read().decode() if up.stdout else ""
+            time.sleep(0.1)
+        url = url_file.read_text().strip()
+        assert url.startswith("nats://127.0.0.1:")
+        # No URL given: submit finds the server through the home.
+        ws = write_workspace(tmp_path / "ws")
+        submit = subprocess.run(
+            [*FTBUS, "submit", str(ws), "--base-model", "tiny-standin", "--benchmark", "tiny-arith",
+             "--wait", "--json"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
+        )
+        assert submit.returncode == 0, submit.stderr[-3000:]
+        verdict = json.loads(submit.stdout)
+        assert verdict["final_decision"] is True
+    finally:
+        up.send_signal(signal.SIGINT)
+        output = up.communicate(timeout=60)[0].decode()
+    assert up.returncode == 0, output[-3000:]
+    assert url in output  # it printed where it listens
+    assert not (home / "nats.url").exists()  # and forgot it on the way out
+
+
+async def test_a_request_survives_a_server_restart(tmp_path: Path, standin_bin: Path, assets_dir: Path) -> None:
+    port = free_port()
+    store = tmp_path / "store"
+    server = EmbeddedServer(store, port=port)
+    server.start()
+    settings = Settings(
+        home=tmp_path / "home", assets_dir=assets_dir, nats_url=server.url, subject_prefix="r" + secrets.token_hex(4),
+        toolchain_bin=standin_bin, ack_wait_s=4.0, heartbeat_s=1.0, max_deliver=5, retry_backoff_s=[0.5, 1.0],
+        sweep_interval_s=1.0, log_format="json", log_level="WARNING",
+    )
+    pipeline = Pipeline(settings)
+    try:
+        await pipeline.start()
+        pid_file = tmp_path / "trainer.pid"
+        ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 8,
+                                                     "standin_pid_file": str(pid_file)})
+        rid = await pipeline.client.submit(ws, TASK)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while not pid_file.is_file() and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        assert pid_file.is_file(), "training never started"
+        server.stop()  # mid-training: the server goes away ...
+        await asyncio.sleep(2)
+        server.start()  # ... and comes back on the same port with the same store
+        verdict = await pipeline.client.wait(rid, timeout_s=180)
+        assert verdict.status == "completed", verdict.execution
+        assert verdict.final_decision is True
+        info = await pipeline.bus.js.stream_info(settings.subject_prefix.upper() + "_VERDICTS")
+        assert info.state.messages == 1
+    finally:
+        await pipeline.stop()
+        server.stop()
