@@ -7,6 +7,7 @@ Every setting has a default that works on one machine. The YAML file is named by
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
@@ -117,7 +118,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("FTBUS_CONFIG")
+        config_file = _config_file.get() or os.environ.get("FTBUS_CONFIG")
         if config_file:
             if not Path(config_file).is_file():
                 raise FileNotFoundError(f"FTBUS_CONFIG names {config_file}, which does not exist")
@@ -158,7 +159,14 @@ class Settings(BaseSettings):
         return min(base, requested) if requested else base
 
 
+# Set only while load_settings() builds a Settings: a --config flag must not leak into the
+# process environment (and so into every later Settings() of the process).
+_config_file: ContextVar[str | None] = ContextVar("ftbus_config_file", default=None)
+
+
 def load_settings(config_file: str | None = None, **overrides: object) -> Settings:
-    if config_file:
-        os.environ["FTBUS_CONFIG"] = config_file
-    return Settings(**overrides)  # type: ignore[arg-type]
+    token = _config_file.set(config_file)
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    finally:
+        _config_file.reset(token)
