@@ -6,7 +6,7 @@ TOOLCHAIN := .toolchain
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install toolchain assets demo test test-unit test-integration test-e2e bench lint up clean
+.PHONY: install toolchain opencompass assets demo test test-unit test-integration test-e2e bench lint up clean
 
 install: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 # The fine-tuning toolchain (torch CPU, LlamaFactory, lm-eval) in its own environment.
 toolchain:
 	bash deploy/toolchain/install.sh $(TOOLCHAIN)
+
+# Optional: the OpenCompass backend (FTBUS_BENCH_BACKEND=opencompass), in an environment of its own.
+# Not part of `make test`; its e2e tests run when it exists and are skipped, saying why, when not.
+opencompass:
+	bash deploy/opencompass/install.sh .opencompass
 
 assets: install toolchain
 	$(BIN)/ftbus assets init
@@ -48,4 +53,4 @@ up: install
 	$(BIN)/ftbus up
 
 clean:
-	rm -rf $(VENV) $(TOOLCHAIN) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLCHAIN) .opencompass .pytest_cache .ruff_cache

@@ -18,7 +18,8 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
 from shared import codec
-from shared.artifacts import ObjectStoreArtifacts
+from shared.artifacts import ArtifactStore, FilesystemArtifacts, ObjectStoreArtifacts
+from shared.events import Stage
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.subjects import Subjects
@@ -39,7 +40,8 @@ class Bus:
         self.settings = settings
         self.subjects = Subjects(settings.subject_prefix)
         self._kv: dict[str, KeyValue] = {}
-        self._artifacts: ObjectStoreArtifacts | None = None
+        self._artifacts: ArtifactStore | None = None
+        self._private: ArtifactStore | None = None
 
     # ------------------------------------------------------------------ connection
 
@@ -54,10 +56,15 @@ class Bus:
         async def _error_cb(exc: Exception) -> None:
             log.warning("nats connection error", error=str(exc))
 
+        # A comma-separated list names the members of a cluster.
+        servers = [part.strip() for part in server.split(",") if part.strip()]
         try:
             nc = await nats.connect(
-                server,
+                servers,
                 name=name,
+                # Replies come to this connection's own inbox subjects, so NATS permissions can keep
+                # one user from reading another's replies (a report fetched by a dashboard, say).
+                inbox_prefix=f"_INBOX.{name}".encode(),
                 connect_timeout=5,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=1,
@@ -129,8 +136,11 @@ class Bus:
             )
         )
         await self.kv(s.kv_requests)
-        await self.kv(s.kv_stage_results)
+        await self.kv(s.kv_status)
+        for stage in Stage:
+            await self.kv(s.kv_stage_results(stage))
         await self.artifacts()
+        await self.private_artifacts()
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
         assert config.name
@@ -165,12 +175,23 @@ class Bus:
         self._kv[bucket] = kv
         return kv
 
-    async def artifacts(self) -> ObjectStoreArtifacts:
+    async def artifacts(self) -> ArtifactStore:
         if self._artifacts is None:
-            self._artifacts = await ObjectStoreArtifacts.open(
-                self.js, self.subjects.object_store, replicas=self.settings.stream_replicas
-            )
+            self._artifacts = await self._open_store(self.subjects.object_store)
         return self._artifacts
+
+    async def private_artifacts(self) -> ArtifactStore:
+        if self._private is None:
+            self._private = await self._open_store(self.subjects.object_store_private)
+        return self._private
+
+    async def _open_store(self, bucket: str) -> ArtifactStore:
+        cfg = self.settings
+        if cfg.artifact_store == "filesystem":
+            if cfg.artifact_dir is None:
+                raise ValueError("artifact_store is 'filesystem' but artifact_dir is not set (FTBUS_ARTIFACT_DIR)")
+            return FilesystemArtifacts(cfg.artifact_dir / bucket)
+        return await ObjectStoreArtifacts.open(self.js, bucket, replicas=cfg.stream_replicas)
 
     async def ensure_consumer(
         self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None

@@ -69,6 +69,8 @@ def _settings(config: Path | None, url: str | None = None) -> Settings:
 
 
 def _run(coro: Awaitable[int]) -> None:
+    """Run a command; anything unexpected is an infrastructure error: exit 2, never 1 (1 means
+    final_decision false)."""
     try:
         code = asyncio.run(coro)  # type: ignore[arg-type]
     except NotConnected as exc:
@@ -76,6 +78,10 @@ def _run(coro: Awaitable[int]) -> None:
         code = 2
     except KeyboardInterrupt:
         code = 130
+    except Exception as exc:
+        hint = " (is the server up, and may this user do that?)" if "timeout" in type(exc).__name__.lower() else ""
+        err.print(f"[red]error:[/] {type(exc).__name__}: {exc}{hint}")
+        code = 2
     raise typer.Exit(code)
 
 
@@ -271,7 +277,7 @@ def status(
             err.print(f"unknown request {request_id}")
             return 2
         if as_json:
-            print(record.model_dump_json(exclude={"judge", "verdict", "report", "benchmark_test"}))
+            print(record.model_dump_json())
             return 0
         table = Table(title=f"{request_id}: {record.status}" + (f" ({record.stage})" if record.stage else ""))
         for col in ("stage", "attempts", "started", "finished", "seconds", "ok"):

@@ -32,7 +32,7 @@ from shared.events import (
     Timeouts,
     Verdict,
 )
-from shared.records import RequestRecord
+from shared.records import RequestStatusView
 from shared.settings import Settings
 from shared.subjects import msg_id
 
@@ -113,13 +113,13 @@ class FtbusClient:
             return None
         return codec.decode(raw.data or b"", Report if report else Verdict)
 
-    async def status(self, request_id: str) -> RequestRecord | None:
-        kv = await self.bus.kv(self.s.kv_requests)
+    async def status(self, request_id: str) -> RequestStatusView | None:
+        kv = await self.bus.kv(self.s.kv_status)
         try:
             entry = await kv.get(request_id)
         except KeyNotFoundError:
             return None
-        return RequestRecord.model_validate_json(entry.value) if entry.value else None
+        return RequestStatusView.model_validate_json(entry.value) if entry.value else None
 
     async def wait(
         self,

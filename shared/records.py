@@ -62,3 +62,26 @@ class RequestRecord(Model):
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    def public_view(self) -> RequestStatusView:
+        return RequestStatusView.model_validate(self.model_dump(include=set(RequestStatusView.model_fields)))
+
+
+class RequestStatusView(Model):
+    """What anyone may read about a request: where it is, never what the hidden test split said."""
+
+    request_id: str
+    status: RequestStatus = "queued"
+    stage: str | None = None
+    task: TaskSpec | None = None
+    submitted_at: datetime | None = None
+    updated_at: datetime = Field(default_factory=utcnow)
+    stages: dict[str, StageTiming] = Field(default_factory=dict)
+    progress: Progress | None = None
+    failed_stage: FailedStage | None = None
+    final_decision: bool | None = None
+    cancel_requested: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL

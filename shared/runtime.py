@@ -37,7 +37,7 @@ from shared.artifacts import ArtifactStore
 from shared.bus import Bus
 from shared.events import CancelRequested, DeadLetter, Progress, Stage
 from shared.logs import bound, get_logger
-from shared.records import RequestRecord
+from shared.records import RequestStatusView
 from shared.runner import LocalRunner, Runner, reap_orphans
 from shared.subjects import msg_id
 
@@ -286,23 +286,23 @@ class StageWorker:
         await msg.term()
 
     async def _is_cancelled(self, request_id: str) -> bool:
-        kv = await self.bus.kv(self.bus.subjects.kv_requests)
+        kv = await self.bus.kv(self.bus.subjects.kv_status)
         try:
             entry = await kv.get(request_id)
         except KeyNotFoundError:
             return False
         if not entry.value:
             return False
-        record = RequestRecord.model_validate_json(entry.value)
-        return record.cancel_requested or record.status == "cancelled"
+        view = RequestStatusView.model_validate_json(entry.value)
+        return view.cancel_requested or view.status == "cancelled"
 
     async def _store(self, request_id: str, outgoing: list[Outgoing]) -> None:
-        kv = await self.bus.kv(self.bus.subjects.kv_stage_results)
+        kv = await self.bus.kv(self.bus.subjects.kv_stage_results(self.stage))
         packed = msgpack.packb([[o.subject, o.kind, codec.encode(o.event)] for o in outgoing], use_bin_type=True)
         await kv.put(_stage_key(request_id, self.stage), packed)
 
     async def _republish_stored(self, request_id: str) -> bool:
-        kv = await self.bus.kv(self.bus.subjects.kv_stage_results)
+        kv = await self.bus.kv(self.bus.subjects.kv_stage_results(self.stage))
         try:
             entry = await kv.get(_stage_key(request_id, self.stage))
         except KeyNotFoundError:

@@ -41,6 +41,12 @@ class Settings(BaseSettings):
         "Default: the repository's .toolchain/bin when it exists, else PATH.",
     )
 
+    opencompass_bin: Path | None = Field(
+        default=None,
+        description="bin folder of the OpenCompass env (deploy/opencompass/install.sh), used when "
+        "bench_backend is opencompass. Default: the repository's .opencompass/bin when it exists, else PATH.",
+    )
+
     # ------------------------------------------------------------------ NATS
     nats_url: str | None = Field(
         default=None, description="Server or cluster to join. Unset: the URL recorded by `ftbus up`."
@@ -55,6 +61,14 @@ class Settings(BaseSettings):
     event_max_age_s: float = Field(default=14 * DAY, gt=0)
     duplicate_window_s: float = Field(default=3600.0, gt=0, description="JetStream de-duplication window.")
     stream_replicas: int = Field(default=1, ge=1, le=5)
+
+    artifact_store: Literal["nats", "filesystem"] = Field(
+        default="nats",
+        description="Where artifacts live: the JetStream Object Store, or a shared filesystem (very large models).",
+    )
+    artifact_dir: Path | None = Field(
+        default=None, description="With artifact_store=filesystem: the shared folder every worker mounts."
+    )
 
     # ------------------------------------------------------------------ stage limits
     data_timeout_s: float = Field(default=3600.0, gt=0, description="process_data.py (reference: 1 h).")
@@ -74,7 +88,10 @@ class Settings(BaseSettings):
         description="Host variables that candidate processes may see; everything else is scrubbed.",
     )
     train_command: str = Field(default="llamafactory-cli train train.yaml")
-    bench_backend: Literal["lm-eval", "opencompass"] = "lm-eval"
+    bench_backend: Literal["lm-eval", "opencompass"] = Field(
+        default="lm-eval",
+        description="Benchmark runner: lm-eval (in the toolchain) or OpenCompass (its own env, `make opencompass`).",
+    )
     bench_max_items: int = Field(default=100, gt=0, description="Per subset and split (reference: 100).")
     bench_device: str = Field(default="auto", description="auto | cpu | cuda")
     max_error_samples: int = Field(default=10, ge=0)

@@ -136,15 +136,27 @@ class Subjects:
 
     @property
     def kv_requests(self) -> str:
+        """The aggregator's full records (they hold test-split results): aggregator and dashboards only."""
         return f"{self.prefix}_requests"
 
     @property
-    def kv_stage_results(self) -> str:
-        return f"{self.prefix}_stage_results"
+    def kv_status(self) -> str:
+        """The public view of each record (no test data): workers, agents, `ftbus status`."""
+        return f"{self.prefix}_status"
+
+    def kv_stage_results(self, stage: Stage) -> str:
+        """One bucket per stage, so NATS permissions can give each stage only its own (the bench
+        stage's holds test-split results)."""
+        return f"{self.prefix}_results_{stage.value}"
 
     @property
     def object_store(self) -> str:
         return f"{self.prefix}_artifacts"
+
+    @property
+    def object_store_private(self) -> str:
+        """Test-split logs and caches: the evaluation's own trust domain, never readable by agents."""
+        return f"{self.prefix}_private"
 
 
 def msg_id(request_id: str, stage: str, kind: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -230,14 +231,22 @@ class Aggregator:
                 else:
                     await kv.update(request_id, data, last=revision)
             except KeyWrongLastSequenceError:
-                continue  # someone else updated it first: re-read and re-apply
+                # Someone else updated it first: re-read and re-apply, after a little jitter so
+                # that several aggregator workers do not keep colliding.
+                await asyncio.sleep(random.uniform(0, 0.05))
+                continue
             except nats.js.errors.BadRequestError as exc:
                 if "wrong last sequence" in str(exc).lower():
                     continue
                 raise
+            await self._publish_status(record)
             await self._publish_owed(record)
             return record
         raise RuntimeError(f"could not update the record of {request_id}: too much contention")
+
+    async def _publish_status(self, record: RequestRecord) -> None:
+        status_kv = await self.bus.kv(self.s.kv_status)
+        await status_kv.put(record.request_id, record.public_view().model_dump_json().encode())
 
     async def _publish_owed(self, record: RequestRecord) -> None:
         rid = record.request_id
@@ -349,6 +358,9 @@ class Aggregator:
             record, _ = await self.get(key)
             if record is None:
                 continue
+            if now - record.updated_at < timedelta(minutes=5):
+                # Concurrent aggregator workers may have written the public view out of order.
+                await self._publish_status(record)
             if record.verdict is not None:
                 if not record.verdict_published or (record.report and not record.report_published):
                     await self._publish_owed(record)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from services.benchmark.lmeval import OFFLINE_ENV, ModelSelection, has_chat_template
-from services.benchmark.registry import BenchmarkSpec
+from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
 from services.benchmark.splits import SplitManifest, split_items, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 
@@ -158,9 +158,9 @@ def dataset_abbr(spec: BenchmarkSpec, subset: str) -> str:
     return f"{spec.name}__{subset}"
 
 
-def _num_choices(spec: BenchmarkSpec, manifest: SplitManifest, subset: str) -> int:
+def _num_choices(spec: BenchmarkSpec, subset: str, items: list[BenchmarkItem]) -> int:
     # PPLInferencer scores a fixed set of labels per dataset: every item needs as many choices.
-    counts = {len(item.choices or []) for item in split_items(spec, manifest)[subset]}
+    counts = {len(item.choices or []) for item in items}
     if len(counts) != 1:
         raise OpenCompassUnsupported(
             f"benchmark {spec.name} subset {subset}: items have {sorted(counts)} choices; the OpenCompass "
@@ -326,7 +326,9 @@ def render_config(datasets: list[dict[str, Any]], model: dict[str, Any], work_di
 # ------------------------------------------------------------------ command
 
 
-def build_opencompass_command(*, opencompass: str | Path, config: Path, work_dir: Path, debug: bool = True) -> list[str]:
+def build_opencompass_command(
+    *, opencompass: str | Path, config: Path, work_dir: Path, debug: bool = True
+) -> list[str]:
     """``opencompass <config> --work-dir <dir>``. ``--debug`` runs the tasks inside this one process:
     one torch import instead of three, task logs in our log instead of files, and a failing task
     fails the command (without it OpenCompass logs the failure and exits 0)."""
@@ -337,14 +339,14 @@ def build_opencompass_command(*, opencompass: str | Path, config: Path, work_dir
 
 
 def opencompass_env(run_dir: Path) -> dict[str, str]:
-    """Offline; the plugin importable; caches inside the run folder, not shared through ~/.cache."""
+    """Offline; the plugin importable (config.py and, without --debug, the task processes import it
+    by name); the datasets cache inside the run folder, not shared through ~/.cache."""
     run_dir = Path(run_dir).resolve()
     return {
         **OFFLINE_ENV,
         "PYTHONPATH": str(run_dir),
         "HF_DATASETS_CACHE": str(run_dir / "hf_datasets_cache"),
-        # Relative dataset paths would resolve here; ours are absolute, but never reach for a hub.
-        "COMPASS_DATA_CACHE": str(run_dir / "data"),
+        "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ of the plugin among the run's files
     }
 
 
@@ -384,9 +386,10 @@ def prepare_opencompass_run(
     data_files = write_split_data(spec, manifest, run_dir / "data")
     if apply_chat_template is None:
         apply_chat_template = has_chat_template(model.pretrained)
+    items = split_items(spec, manifest)
     datasets = []
     for subset, data_file in data_files.items():
-        choices = _num_choices(spec, manifest, subset) if spec.kind == "multiple_choice" else 0
+        choices = _num_choices(spec, subset, items[subset]) if spec.kind == "multiple_choice" else 0
         datasets.append(render_dataset_config(
             spec, subset, data_file, num_choices=choices,
             chat_template_from=model.pretrained if apply_chat_template else None,
@@ -493,7 +496,9 @@ def _predictions(run: Path, abbr: str) -> list[dict[str, Any]]:
     if path is None:
         return []
     data = _read_json(path)
-    return [data[k] for k in sorted(data, key=int)] if isinstance(data, dict) else list(data)
+    if isinstance(data, dict):  # {"0": {...}, "1": {...}}: items by index
+        return [data[k] for k in sorted((k for k in data if str(k).isdigit()), key=int)]
+    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
 def _prediction_text(prediction: Mapping[str, Any]) -> str:
@@ -501,13 +506,20 @@ def _prediction_text(prediction: Mapping[str, Any]) -> str:
     return str(_first(text)) if text is not None else ""
 
 
+def _index(detail: Mapping[str, Any], position: int) -> int:
+    # example_abbr is "<dataset abbr>_<index in the dataset>" (BaseDataset numbers the items).
+    _, _, tail = str(detail.get("example_abbr", "")).rpartition("_")
+    return int(tail) if tail.isdigit() else position
+
+
 def _error_samples(
-    spec: BenchmarkSpec, items: list[Any], details: list[dict[str, Any]], predictions: list[dict[str, Any]]
+    items: list[BenchmarkItem | None], details: list[dict[str, Any]], predictions: list[dict[str, Any]]
 ) -> list[ErrorSample]:
     errors: list[ErrorSample] = []
-    for i, detail in enumerate(details):
+    for position, detail in enumerate(details):
         if _is_correct(detail):
             continue
+        i = _index(detail, position)
         item = items[i] if i < len(items) else None
         prediction = predictions[i] if i < len(predictions) else {}
         # The evaluator's pred is what was compared; predictions/ has the raw text as a fallback.
@@ -546,7 +558,6 @@ def parse_opencompass_output(
     """
     run = find_run_dir(output_dir)
     table = read_summary(run)
-    items_by_subset = split_items(spec, manifest)
 
     summary: dict[str, dict[str, float]] = {}
     errors: list[ErrorSample] = []
@@ -561,6 +572,8 @@ def parse_opencompass_output(
         if results_path is None:
             raise OpenCompassOutputError(f"{run.name}: no results/<model>/{abbr}.json")
         results = _read_json(results_path)
+        if not isinstance(results, dict):
+            raise OpenCompassOutputError(f"{results_path} is not an OpenCompass results object")
         metrics: dict[str, float] = {}
         for metric, rounded in table[abbr].items():
             exact = results.get(metric)
@@ -572,7 +585,11 @@ def parse_opencompass_output(
         details = _details(results)
         if len(details) != len(ids):
             raise OpenCompassOutputError(f"{abbr}: {len(details)} evaluated items for {len(ids)} in the split")
-        errors.extend(_error_samples(spec, items_by_subset[subset.name], details, _predictions(run, abbr)))
+        # The split's items in run order give each error its question and gold (looked up by id,
+        # not re-validated: a changed benchmark must not turn a finished run into a crash).
+        by_id = {item.id: item for item in spec.items(subset.name)}
+        items = [by_id.get(item_id) for item_id in ids]
+        errors.extend(_error_samples(items, details, _predictions(run, abbr)))
 
     if len(errors) > max_error_samples:
         keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))

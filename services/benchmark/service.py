@@ -17,16 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from services.benchmark.lmeval import (
-    LmEvalOutputError,
-    ModelSelection,
-    parse_lm_eval_output,
-    prepare_lm_eval_run,
-    select_model,
-)
+from services.benchmark.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPARE_ERRORS, parse_run, prepare_run
+from services.benchmark.lmeval import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
-from shared.artifacts import materialise
+from shared.artifacts import ArtifactStore, materialise
 from shared.bus import Bus
 from shared.events import (
     ArtifactRef,
@@ -127,21 +122,30 @@ async def _run_split(
     label: str,
 ) -> SplitRun:
     settings = ctx.settings
+    backend = settings.bench_backend
+    name = LABELS[backend]
     run_dir = ctx.workdir / f"bench-{label}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    prepared = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval="lm_eval", model=model, device=device)
+    try:
+        argv, prepared_env, output_dir = prepare_run(
+            backend, spec, manifest, run_dir, model=model, device=device, settings=settings
+        )
+    except PREPARE_ERRORS as exc:
+        return SplitRun(None, None, f"{name} ({label}) cannot run: {exc}")
     timeout = settings.timeout_for("benchmark", event.context.timeouts.benchmark)
-    log_path = run_dir / "lm_eval.log"
-    await ctx.progress(message=f"{label}: lm-eval on {sum(len(v) for v in manifest.item_ids.values())} items")
-    env = dict(prepared.env)
+    log_path = run_dir / LOG_FILES[backend]
+    await ctx.progress(message=f"{label}: {name} on {sum(len(v) for v in manifest.item_ids.values())} items")
+    env = dict(prepared_env)
     if device == "cpu":
         # The two splits run at once: give each half the cores, or torch's thread pools fight.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+    # The backend's working folder is the run folder: OpenCompass writes ./tmp and friends there.
     run = await ctx.runner.run(
-        prepared.argv, cwd=run_dir, env=env, timeout_s=timeout, log_path=log_path,
+        argv, cwd=run_dir, env=env, timeout_s=timeout, log_path=log_path,
         tail_chars=settings.log_tail_chars,
     )
-    log_ref: ArtifactRef = await ctx.artifacts.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
+    store = await _store_for(ctx, manifest)
+    log_ref: ArtifactRef = await store.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
     outcome = StageOutcome(
         exit_code=run.exit_code, timed_out=run.timed_out, duration_s=run.duration_s, timeout_s=timeout,
         log=log_ref, log_tail=run.output_tail,
@@ -149,16 +153,15 @@ async def _run_split(
     if run.timed_out:
         return SplitRun(None, outcome, f"benchmark ({label}) timed out after {timeout:.0f} s (exit code 124)")
     if run.exit_code != 0:
-        return SplitRun(None, outcome, f"lm-eval ({label}) exited with code {run.exit_code}")
+        return SplitRun(None, outcome, f"{name} ({label}) exited with code {run.exit_code}")
     try:
         scores = await asyncio.to_thread(
-            parse_lm_eval_output, prepared.output_dir, spec, manifest, settings.max_error_samples,
-            settings.error_sample_seed,
+            parse_run, backend, output_dir, spec, manifest, settings.max_error_samples, settings.error_sample_seed
         )
-    except LmEvalOutputError as exc:
-        return SplitRun(None, outcome, f"lm-eval ({label}) output unreadable: {exc}")
+    except OUTPUT_ERRORS as exc:
+        return SplitRun(None, outcome, f"{name} ({label}) output unreadable: {exc}")
     if not scores.accuracy_summary:
-        return SplitRun(scores, outcome, f"lm-eval ({label}) produced no metrics")
+        return SplitRun(scores, outcome, f"{name} ({label}) produced no metrics")
     log.info("split scored", split=label, primary=scores.primary_metric, value=scores.primary_value)
     return SplitRun(scores, outcome, None)
 
@@ -176,10 +179,11 @@ def model_fingerprint(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def baseline_key(model_dir: Path, manifest: SplitManifest, device: str) -> str:
-    payload = json.dumps(
-        [BASELINE_FORMAT, model_fingerprint(model_dir), manifest.model_dump(mode="json"), device], sort_keys=True
-    )
+def baseline_key(model_dir: Path, manifest: SplitManifest, device: str, backend: str = "lm-eval") -> str:
+    parts: list[object] = [BASELINE_FORMAT, model_fingerprint(model_dir), manifest.model_dump(mode="json"), device]
+    if backend != "lm-eval":  # backends score multiple choice differently: never share a baseline
+        parts.append(backend)
+    payload = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -191,19 +195,26 @@ async def _baseline(
     base_model: Path,
     device: str,
 ) -> BenchmarkScores | None:
-    key = await asyncio.to_thread(baseline_key, base_model, manifest, device)
+    key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend)
     name = f"cache/baseline/{key}/scores.json"
-    ref = await ctx.artifacts.stat(name)
+    store = await _store_for(ctx, manifest)
+    ref = await store.stat(name)
     if ref is not None:
-        return BenchmarkScores.model_validate_json(await ctx.artifacts.get_bytes(ref))
+        return BenchmarkScores.model_validate_json(await store.get_bytes(ref))
     run = await _run_split(ctx, event, spec, manifest, select_model(base_model, None), device,
                            label=f"baseline-{manifest.split}")
     if run.scores is None:
         # The candidate's verdict does not depend on it: report it missing, never fail for it.
         log.warning("baseline run failed", split=manifest.split, error=run.error)
         return None
-    await ctx.artifacts.put_bytes(name, run.scores.model_dump_json().encode())
+    await store.put_bytes(name, run.scores.model_dump_json().encode())
     return run.scores
+
+
+async def _store_for(ctx: StageContext, manifest: SplitManifest) -> ArtifactStore:
+    """Anything about the hidden test split (its logs, its baseline) goes to the private store,
+    which agents and the judge cannot read."""
+    return await ctx.bus.private_artifacts() if manifest.split == "test" else ctx.artifacts
 
 
 def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None) -> BaselineComparison | None:

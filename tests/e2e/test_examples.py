@@ -58,3 +58,31 @@ async def test_example_passes_for_real(
         assert steps == sorted(steps)
     finally:
         await pipeline.stop()
+
+
+async def test_the_opencompass_backend_runs_the_pipeline(
+    nats_server: EmbeddedServer, real_assets: Path, toolchain_bin: Path, tmp_path: Path
+) -> None:
+    from services.benchmark.backends import opencompass_bin
+
+    if opencompass_bin() is None:
+        pytest.skip("the OpenCompass environment is not installed: run `make opencompass` (not part of make test)")
+    settings = Settings(
+        home=tmp_path / "home", assets_dir=real_assets, nats_url=nats_server.url, toolchain_bin=toolchain_bin,
+        subject_prefix="o" + secrets.token_hex(4), log_format="json", log_level="WARNING",
+        bench_backend="opencompass",
+    )
+    pipeline = Pipeline(settings)
+    try:
+        await pipeline.start()
+        task = TaskSpec(base_model="tiny-llama", benchmark="tiny-arith", involving_datasets=["tiny-qa"])
+        rid = await pipeline.client.submit(REPO / "examples" / "lora", task)
+        verdict = await pipeline.client.wait(rid, timeout_s=900)
+        assert verdict.final_decision is True, verdict.execution
+        bench = verdict.result.benchmark
+        assert bench is not None and set(bench.accuracy_summary) == {"addition", "subtraction"}
+        # The benchmark section of the log is OpenCompass's, not lm-eval's.
+        bench_log = verdict.raw_execution.split("=== BENCHMARK OUTPUT ===")[-1].lower()
+        assert "opencompass" in bench_log and "lm_eval" not in bench_log
+    finally:
+        await pipeline.stop()

@@ -40,6 +40,15 @@ async def test_a_good_candidate_passes_with_scores_baseline_and_a_separate_repor
     # Training progress arrived, in step order.
     steps = [p.step for p in seen if p.stage == "train" and p.step is not None]
     assert steps == sorted(steps) and steps[-1] == 5
+    # Test-split logs live in the private store only: agents cannot read them from the shared one.
+    public, private = await pipeline.bus.artifacts(), await pipeline.bus.private_artifacts()
+    assert await public.stat(f"{rid}/logs/benchmark-test.log") is None
+    assert await private.stat(f"{rid}/logs/benchmark-test.log") is not None
+    assert await public.stat(f"{rid}/logs/benchmark-validation.log") is not None
+    # The public status view carries no test-split data.
+    view = await pipeline.client.status(rid)
+    assert view is not None and view.status == "completed"
+    assert "benchmark_test" not in view.model_dump_json()
     # The trained outputs are referenced, and optimizer checkpoints are not kept.
     paths = {a.path for a in verdict.artifacts}
     assert "output/adapter_model.safetensors" in paths

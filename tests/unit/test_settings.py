@@ -52,5 +52,5 @@ def test_bad_values_and_unknown_keys_are_rejected(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ValidationError, match="max_delivr"):
         load_settings(str(config))
     monkeypatch.setenv("FTBUS_CONFIG", str(tmp_path / "missing.yaml"))
-    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+    with pytest.raises(FileNotFoundError, match=r"missing\.yaml"):
         Settings()
