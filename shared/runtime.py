@@ -134,9 +134,16 @@ class StageWorker:
         cancel_sub = await self.bus.nc.subscribe(self.bus.subjects.cancel, cb=self._on_cancel)
         log.info("worker started", stage=self.stage.value, concurrency=self.concurrency, durable=self.durable)
         loops = [asyncio.create_task(self._loop(stop, i)) for i in range(self.concurrency)]
+        stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.gather(*loops)
+            # On stop, do not finish a training that may take hours: cancel it (the runner kills
+            # its process tree) and nak the message, so another worker takes it over at once.
+            done, _ = await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopping and task.exception():
+                    raise task.exception()  # type: ignore[misc]
         finally:
+            stopping.cancel()
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)

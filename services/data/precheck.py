@@ -10,13 +10,20 @@ from shared.paths import UnsafePath, validate_relative_path
 REQUIRED_FILES = ("train.yaml", "process_data.py")
 
 
-def precheck(context: RequestContext, assets_dir: Path) -> str | None:
+def precheck(context: RequestContext, assets_dir: Path, *, max_bytes: int, max_files: int) -> str | None:
     """Return what is wrong with the request, or None when the data stage may run."""
     for item in context.workspace:
         try:
             validate_relative_path(item.path)
         except UnsafePath as exc:
             return f"unsafe workspace path {item.path!r}: {exc}"
+    # The client checks these limits at upload; a hand-made request must not get past them either.
+    total = sum(item.ref.size for item in context.workspace)
+    if total > max_bytes or len(context.workspace) > max_files:
+        return (
+            f"workspace too large: {len(context.workspace)} files, {total} bytes "
+            f"(limits {max_files} files, {max_bytes} bytes): keep datasets in the assets, not the workspace"
+        )
     present = {item.path for item in context.workspace}
     for required in REQUIRED_FILES:
         if required not in present:

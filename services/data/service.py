@@ -56,7 +56,9 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     context = event.context
     assets: Path = settings.assets
 
-    problem = precheck(context, assets)
+    problem = precheck(
+        context, assets, max_bytes=settings.max_workspace_bytes, max_files=settings.max_workspace_files
+    )
     if problem:
         return _failed(event, ctx, FailedStage.precheck, problem)
 

@@ -91,3 +91,41 @@ async def test_a_request_survives_a_server_restart(tmp_path: Path, standin_bin: 
     finally:
         await pipeline.stop()
         server.stop()
+
+
+async def test_a_stopping_worker_hands_its_message_over(
+    tmp_path: Path, settings: Settings, pipeline: Pipeline
+) -> None:
+    """Stopping a worker mid-training naks the message at once: another worker finishes it."""
+    from services.trainer import service as trainer
+    from shared.events import Stage
+
+    await pipeline.start([Stage.data, Stage.bench, Stage.judge, Stage.aggregate])
+    assert pipeline.bus is not None and pipeline.client is not None
+    stop_first = asyncio.Event()
+    first = asyncio.create_task(trainer.run(pipeline.bus, stop_first))
+    pid_file = tmp_path / "trainer.pid"
+    ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 30,
+                                                 "standin_pid_file": str(pid_file)})
+    rid = await pipeline.client.submit(ws, TASK)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while not pid_file.is_file() and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    trainer_pid = int(pid_file.read_text().split()[0])
+    stop_first.set()
+    await asyncio.wait_for(first, timeout=60)
+    assert not Path(f"/proc/{trainer_pid}/cmdline").exists() or _zombie(trainer_pid), "training was not stopped"
+
+    await pipeline.start([Stage.train])
+    verdict = await pipeline.client.wait(rid, timeout_s=180)
+    assert verdict.final_decision is True
+    view = await pipeline.client.status(rid)
+    assert view is not None and view.stages["train"].attempts == 2
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in {"Z", "X"}
+    except OSError:
+        return True
