@@ -40,6 +40,7 @@ from shared.assets import build_assets  # noqa: E402
 from shared.client import FtbusClient  # noqa: E402
 from shared.embedded import EmbeddedServer  # noqa: E402
 from shared.events import TaskSpec  # noqa: E402
+from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
 console = Console(stderr=True)
@@ -108,6 +109,7 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ftbus-bench-") as tmp:
         scratch = Path(tmp)
         settings = Settings(home=scratch / "home", log_format="json", log_level="WARNING")
+        setup_logging(settings.log_format, settings.log_level)
         toolchain = settings.toolchain_path()
         if toolchain is None:
             console.print("error: the toolchain is missing: run `make toolchain`")
