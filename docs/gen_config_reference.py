@@ -34,7 +34,7 @@ FALLBACK: dict[str, str] = {
     "`<PREFIX>_EVENTS` etc., buckets `<prefix>_requests` etc. Lets several installations share one "
     "server. deploy/nats/accounts.conf is written for `ftbus`.",
     "event_max_age_s": "Age after which messages of every ftbus stream and KV entries expire (14 days). "
-    "The Object Store bucket of artifacts is created without an age limit.",
+    "The Object Store buckets (artifacts, private) are created without an age limit.",
     "stream_replicas": "Replicas of every stream, KV bucket and Object Store when they are created: 1 "
     "for one server, 3 for a 3-node cluster. Existing streams and buckets keep theirs (ensure_topology() "
     "updates a stream only when its subjects differ): change them with `nats stream edit --replicas`.",
@@ -107,6 +107,8 @@ def _default(name: str, field: Any) -> str:
             "nats_url": "the URL `ftbus up` recorded in `<home>/nats.url`",
             "judge_prompts_file": "the repository's `prompts/judge.yaml`",
             "judge_model": "unset: rules only",
+            "opencompass_bin": "the repository's `.opencompass/bin` if it exists, else PATH",
+            "artifact_dir": "unset (required when artifact_store is filesystem)",
         }
         return derived.get(name, "unset")
     if isinstance(value, Path):

@@ -55,7 +55,7 @@ class FtbusClient:
 
     @classmethod
     async def connect(cls, settings: Settings, url: str | None = None) -> FtbusClient:
-        bus = await Bus.connect(settings, name="ftbus-client", url=url)
+        bus = await Bus.connect(settings, name=settings.client_name, url=url)
         await bus.ensure_topology()
         return cls(bus)
 

@@ -52,6 +52,12 @@ class Settings(BaseSettings):
         default=None, description="Server or cluster to join. Unset: the URL recorded by `ftbus up`."
     )
     subject_prefix: str = Field(default="ftbus", pattern=r"^[a-z][a-z0-9_-]*$")
+    client_name: str = Field(
+        default="ftbus-client",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="Connection name of the CLI and Python client; replies come to _INBOX.<client_name>.>, "
+        "so NATS permissions can keep an agent's client from reading a dashboard's (e.g. `dashboard`).",
+    )
     ack_wait_s: float = Field(default=60.0, gt=0, description="Redelivery deadline of an unacked message.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval; keep < ack_wait_s.")
     max_deliver: int = Field(default=5, ge=1, description="Attempts before a message is dead-lettered.")

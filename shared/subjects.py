@@ -159,6 +159,26 @@ class Subjects:
         return f"{self.prefix}_private"
 
 
+def topology_stream_names(subjects: Subjects) -> list[str]:
+    """Every stream `Bus.ensure_topology` creates, KV buckets and object stores included (as the
+    server names them): what a readiness check must find before a restricted worker starts."""
+    from shared.events import Stage
+
+    return [
+        subjects.stream_events,
+        subjects.stream_test,
+        subjects.stream_verdicts,
+        subjects.stream_reports,
+        subjects.stream_dlq,
+        subjects.stream_advisories,
+        f"KV_{subjects.kv_requests}",
+        f"KV_{subjects.kv_status}",
+        *(f"KV_{subjects.kv_stage_results(stage)}" for stage in Stage),
+        f"OBJ_{subjects.object_store}",
+        f"OBJ_{subjects.object_store_private}",
+    ]
+
+
 def msg_id(request_id: str, stage: str, kind: str) -> str:
     """The ``Nats-Msg-Id`` of DESIGN.md: ``<request_id>:<stage>:<kind>``."""
     return f"{request_id}:{stage}:{kind}"

@@ -129,3 +129,18 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in {"Z", "X"}
     except OSError:
         return True
+
+
+async def test_the_topology_creates_every_stream_a_readiness_check_waits_for(settings: Settings) -> None:
+    from shared.bus import Bus
+    from shared.subjects import topology_stream_names
+
+    bus = await Bus.connect(settings)
+    try:
+        await bus.ensure_topology()
+        await bus.ensure_topology()  # idempotent: a second process starting does no harm
+        for name in topology_stream_names(bus.subjects):
+            info = await bus.js.stream_info(name)
+            assert info.config.name == name
+    finally:
+        await bus.close()
