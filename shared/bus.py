@@ -42,6 +42,7 @@ class Bus:
         self._kv: dict[str, KeyValue] = {}
         self._artifacts: ArtifactStore | None = None
         self._private: ArtifactStore | None = None
+        self._cache: ArtifactStore | None = None
 
     # ------------------------------------------------------------------ connection
 
@@ -140,6 +141,7 @@ class Bus:
         for stage in Stage:
             await self.kv(s.kv_stage_results(stage))
         await self.artifacts()
+        await self.cache_artifacts()
         await self.private_artifacts()
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
@@ -179,6 +181,11 @@ class Bus:
         if self._artifacts is None:
             self._artifacts = await self._open_store(self.subjects.object_store)
         return self._artifacts
+
+    async def cache_artifacts(self) -> ArtifactStore:
+        if self._cache is None:
+            self._cache = await self._open_store(self.subjects.object_store_cache)
+        return self._cache
 
     async def private_artifacts(self) -> ArtifactStore:
         if self._private is None:

@@ -154,6 +154,12 @@ class Subjects:
         return f"{self.prefix}_artifacts"
 
     @property
+    def object_store_cache(self) -> str:
+        """Content-addressed caches (data, validation baselines): written by workers only, so an
+        agent, who may write ftbus_artifacts, cannot plant a cache entry for someone else."""
+        return f"{self.prefix}_cache"
+
+    @property
     def object_store_private(self) -> str:
         """Test-split logs and caches: the evaluation's own trust domain, never readable by agents."""
         return f"{self.prefix}_private"
@@ -175,6 +181,7 @@ def topology_stream_names(subjects: Subjects) -> list[str]:
         f"KV_{subjects.kv_status}",
         *(f"KV_{subjects.kv_stage_results(stage)}" for stage in Stage),
         f"OBJ_{subjects.object_store}",
+        f"OBJ_{subjects.object_store_cache}",
         f"OBJ_{subjects.object_store_private}",
     ]
 

@@ -197,7 +197,7 @@ async def _baseline(
 ) -> BenchmarkScores | None:
     key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend)
     name = f"cache/baseline/{key}/scores.json"
-    store = await _store_for(ctx, manifest)
+    store = await _cache_store_for(ctx, manifest)
     ref = await store.stat(name)
     if ref is not None:
         return BenchmarkScores.model_validate_json(await store.get_bytes(ref))
@@ -215,6 +215,11 @@ async def _store_for(ctx: StageContext, manifest: SplitManifest) -> ArtifactStor
     """Anything about the hidden test split (its logs, its baseline) goes to the private store,
     which agents and the judge cannot read."""
     return await ctx.bus.private_artifacts() if manifest.split == "test" else ctx.artifacts
+
+
+async def _cache_store_for(ctx: StageContext, manifest: SplitManifest) -> ArtifactStore:
+    """Baselines are caches: validation ones in the workers-only cache store, test ones private."""
+    return await ctx.bus.private_artifacts() if manifest.split == "test" else await ctx.bus.cache_artifacts()
 
 
 def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None) -> BaselineComparison | None:

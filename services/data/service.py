@@ -16,9 +16,10 @@ from services.data.env import data_processing_env
 from services.data.precheck import precheck
 from services.data.stats import compute_data_stats
 from services.data.validate import DataInvalid, load_data_json
-from shared.artifacts import materialise
+from shared.artifacts import ArtifactStore, materialise
 from shared.bus import Bus
 from shared.events import (
+    ArtifactRef,
     DataResult,
     DataStats,
     DataSummary,
@@ -68,11 +69,19 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     key = await asyncio.to_thread(data_cache_key, workspace, dataset_dirs)
     cache_prefix = f"cache/data/{key}"
 
-    cached = await _cache_lookup(ctx, cache_prefix)
+    cache = await ctx.bus.cache_artifacts()
+    cached = await _cache_lookup(cache, cache_prefix)
     if cached is not None:
-        data_ref, stats = cached
+        cached_ref, stats = cached
         log.info("data cache hit", cache_key=key)
-        summary = DataSummary(data=data_ref, data_stats=stats, cached=True, cache_key=key)
+        # The request gets its own copy: later stages read only the shared artifact store.
+        local = ctx.workdir / "cached-data.json"
+        await cache.get_to_file(cached_ref, local)
+        data_ref = await ctx.artifacts.put_file(f"{event.request_id}/data/{DATA_FILE}", local)
+        stats_ref = await ctx.artifacts.put_bytes(
+            f"{event.request_id}/data/{STATS_FILE}", stats.model_dump_json(indent=2).encode()
+        )
+        summary = DataSummary(data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=True, cache_key=key)
         ok = DataResult(request_id=event.request_id, ok=True, context=context, data=summary)
         return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
 
@@ -116,8 +125,8 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     data_ref = await ctx.artifacts.put_file(f"{rid}/data/{DATA_FILE}", workspace / DATA_FILE)
     stats_ref = await ctx.artifacts.put_bytes(f"{rid}/data/{STATS_FILE}", stats_bytes)
     # Written after the request's own copies, and only on success: a failure is never cached.
-    await ctx.artifacts.put_file(f"{cache_prefix}/{DATA_FILE}", workspace / DATA_FILE)
-    await ctx.artifacts.put_bytes(f"{cache_prefix}/{STATS_FILE}", stats_bytes)
+    await cache.put_file(f"{cache_prefix}/{DATA_FILE}", workspace / DATA_FILE)
+    await cache.put_bytes(f"{cache_prefix}/{STATS_FILE}", stats_bytes)
     summary = DataSummary(
         data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, outcome=outcome
     )
@@ -126,12 +135,12 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
 
 
-async def _cache_lookup(ctx: StageContext, prefix: str) -> tuple[object, DataStats] | None:
-    data_ref = await ctx.artifacts.stat(f"{prefix}/{DATA_FILE}")
-    stats_ref = await ctx.artifacts.stat(f"{prefix}/{STATS_FILE}")
+async def _cache_lookup(cache: ArtifactStore, prefix: str) -> tuple[ArtifactRef, DataStats] | None:
+    data_ref = await cache.stat(f"{prefix}/{DATA_FILE}")
+    stats_ref = await cache.stat(f"{prefix}/{STATS_FILE}")
     if data_ref is None or stats_ref is None:
         return None
-    stats = DataStats.model_validate(json.loads(await ctx.artifacts.get_bytes(stats_ref)))
+    stats = DataStats.model_validate(json.loads(await cache.get_bytes(stats_ref)))
     return data_ref, stats
 
 
