@@ -85,7 +85,13 @@ def _stage_key(request_id: str, stage: Stage) -> str:
 
 
 class StageWorker:
-    """Runs ``concurrency`` message loops of one stage in this process."""
+    """Runs ``concurrency`` message loops of one stage in this process.
+
+    ``remember_results``: store what the handler published, for idempotent redelivery.
+    ``skip_cancelled``: skip cancelled requests and kill a running one on cancel (stages; not the
+    aggregator, which must record the cancel). ``announce``: publish started/finished progress.
+    ``dead_letter_undecodable``: dead-letter unreadable messages (or decide per subject).
+    """
 
     def __init__(
         self,
@@ -131,7 +137,10 @@ class StageWorker:
         if orphans:
             log.warning("killed candidate processes left by a dead worker", pids=orphans)
         await self.bus.ensure_consumer(self.stream, self.durable, self.filters)
-        cancel_sub = await self.bus.nc.subscribe(self.bus.subjects.cancel, cb=self._on_cancel)
+        # Stages kill a cancelled request's work; the aggregator must not: it has to record the cancel.
+        cancel_sub = (
+            await self.bus.nc.subscribe(self.bus.subjects.cancel, cb=self._on_cancel) if self.skip_cancelled else None
+        )
         log.info("worker started", stage=self.stage.value, concurrency=self.concurrency, durable=self.durable)
         loops = [asyncio.create_task(self._loop(stop, i)) for i in range(self.concurrency)]
         stopping = asyncio.create_task(stop.wait())
@@ -147,8 +156,9 @@ class StageWorker:
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await cancel_sub.unsubscribe()
+            if cancel_sub is not None:
+                with contextlib.suppress(Exception):
+                    await cancel_sub.unsubscribe()
             log.info("worker stopped", stage=self.stage.value)
 
     async def _loop(self, stop: asyncio.Event, index: int) -> None:
