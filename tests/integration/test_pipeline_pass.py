@@ -53,3 +53,27 @@ async def test_a_good_candidate_passes_with_scores_baseline_and_a_separate_repor
     paths = {a.path for a in verdict.artifacts}
     assert "output/adapter_model.safetensors" in paths
     assert not any("checkpoint-" in p for p in paths)
+
+
+async def test_watch_follows_progress_and_verdicts(pipeline: Pipeline, tmp_path: Path) -> None:
+    import asyncio
+
+    from shared.events import Verdict
+
+    await pipeline.start()
+    assert pipeline.client is not None
+    seen: list[object] = []
+
+    async def follow() -> None:
+        async for item in pipeline.client.watch():
+            seen.append(item)
+            if isinstance(item, Verdict):
+                return
+
+    watcher = asyncio.create_task(follow())
+    await asyncio.sleep(0.5)  # the watch subscriptions are in place
+    rid = await pipeline.client.submit(write_workspace(tmp_path / "ws"), TASK)
+    await asyncio.wait_for(watcher, timeout=120)
+    stages = {p.stage for p in seen if isinstance(p, Progress) and p.request_id == rid}
+    assert {"data", "train", "bench", "judge"} <= stages
+    assert isinstance(seen[-1], Verdict) and seen[-1].request_id == rid
