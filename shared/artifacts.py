@@ -226,6 +226,7 @@ class ObjectStoreArtifacts:
         replicas: int = 1,
         *,
         stall_timeout_s: float = 60.0,
+        description: str = "ftbus artifacts",
     ) -> Self:
         """Open the bucket, creating it when missing. Safe when several processes race to create it."""
         try:
@@ -237,7 +238,7 @@ class ObjectStoreArtifacts:
                 store = await js.create_object_store(
                     bucket,
                     config=api.ObjectStoreConfig(
-                        description="ftbus artifacts: workspaces, data, training outputs, logs",
+                        description=description,
                         storage=api.StorageType.FILE,
                         replicas=replicas,
                     ),

@@ -179,26 +179,32 @@ class Bus:
 
     async def artifacts(self) -> ArtifactStore:
         if self._artifacts is None:
-            self._artifacts = await self._open_store(self.subjects.object_store)
+            self._artifacts = await self._open_store(
+                self.subjects.object_store, "ftbus artifacts: workspaces, data, training outputs, logs"
+            )
         return self._artifacts
 
     async def cache_artifacts(self) -> ArtifactStore:
         if self._cache is None:
-            self._cache = await self._open_store(self.subjects.object_store_cache)
+            self._cache = await self._open_store(
+                self.subjects.object_store_cache, "ftbus caches: data and validation baselines (workers only)"
+            )
         return self._cache
 
     async def private_artifacts(self) -> ArtifactStore:
         if self._private is None:
-            self._private = await self._open_store(self.subjects.object_store_private)
+            self._private = await self._open_store(
+                self.subjects.object_store_private, "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)"
+            )
         return self._private
 
-    async def _open_store(self, bucket: str) -> ArtifactStore:
+    async def _open_store(self, bucket: str, description: str) -> ArtifactStore:
         cfg = self.settings
         if cfg.artifact_store == "filesystem":
             if cfg.artifact_dir is None:
                 raise ValueError("artifact_store is 'filesystem' but artifact_dir is not set (FTBUS_ARTIFACT_DIR)")
             return FilesystemArtifacts(cfg.artifact_dir / bucket)
-        return await ObjectStoreArtifacts.open(self.js, bucket, replicas=cfg.stream_replicas)
+        return await ObjectStoreArtifacts.open(self.js, bucket, replicas=cfg.stream_replicas, description=description)
 
     async def ensure_consumer(
         self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None
