@@ -194,7 +194,8 @@ class Bus:
     async def private_artifacts(self) -> ArtifactStore:
         if self._private is None:
             self._private = await self._open_store(
-                self.subjects.object_store_private, "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)"
+                self.subjects.object_store_private,
+                "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)",
             )
         return self._private
 
