@@ -1,4 +1,9 @@
-"""The aggregator's per-request record, kept in the requests KV bucket and read by `ftbus status`."""
+"""The aggregator's per-request record, and the public view of it that `ftbus status` reads.
+
+Two KV buckets hold them: the full record (with the hidden test split's results and the report)
+is the aggregator's alone; the public view, written beside it on every update, is what workers
+and agents may read.
+"""
 
 from __future__ import annotations
 
@@ -36,37 +41,6 @@ class StageTiming(Model):
         return None
 
 
-class RequestRecord(Model):
-    request_id: str
-    status: RequestStatus = "queued"
-    stage: str | None = None
-    task: TaskSpec | None = None
-    submitted_at: datetime | None = None
-    updated_at: datetime = Field(default_factory=utcnow)
-    stages: dict[str, StageTiming] = Field(default_factory=dict)
-    progress: Progress | None = None
-    failed_stage: FailedStage | None = None
-    final_decision: bool | None = None
-    cancel_requested: bool = False
-    # What the report needs; kept here because the aggregator alone holds state.
-    judge: JudgeResult | None = None
-    benchmark_test: BenchmarkScores | None = None
-    benchmark_test_error: str | None = None
-    test_received: bool = False
-    # Claimed before publishing, so a crash between claim and publish is repaired by redelivery.
-    verdict: Verdict | None = None
-    verdict_published: bool = False
-    report: Report | None = None
-    report_published: bool = False
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
-
-    def public_view(self) -> RequestStatusView:
-        return RequestStatusView.model_validate(self.model_dump(include=set(RequestStatusView.model_fields)))
-
-
 class RequestStatusView(Model):
     """What anyone may read about a request: where it is, never what the hidden test split said."""
 
@@ -85,3 +59,21 @@ class RequestStatusView(Model):
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+
+class RequestRecord(RequestStatusView):
+    """The full record: the public fields plus what the report needs."""
+
+    # Kept here because the aggregator alone holds state.
+    judge: JudgeResult | None = None
+    benchmark_test: BenchmarkScores | None = None
+    benchmark_test_error: str | None = None
+    test_received: bool = False
+    # Claimed before publishing, so a crash between claim and publish is repaired by redelivery.
+    verdict: Verdict | None = None
+    verdict_published: bool = False
+    report: Report | None = None
+    report_published: bool = False
+
+    def public_view(self) -> RequestStatusView:
+        return RequestStatusView.model_validate(self.model_dump(include=set(RequestStatusView.model_fields)))

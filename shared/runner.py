@@ -29,6 +29,8 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from shared.events import ArtifactRef, StageOutcome
+
 LineCallback = Callable[[str], Awaitable[None] | None]
 
 EXIT_TIMEOUT = 124  # as `timeout(1)` and the reference evaluator
@@ -47,6 +49,17 @@ class RunResult(BaseModel):
     timeout_s: float
     log_path: Path
     output_tail: str
+
+    def outcome(self, log: ArtifactRef | None) -> StageOutcome:
+        """The event form of this run, its log stored as ``log``."""
+        return StageOutcome(
+            exit_code=self.exit_code,
+            timed_out=self.timed_out,
+            duration_s=self.duration_s,
+            timeout_s=self.timeout_s,
+            log=log,
+            log_tail=self.output_tail,
+        )
 
 
 @runtime_checkable

@@ -13,7 +13,6 @@ One run evaluates one split of one benchmark:
 from __future__ import annotations
 
 import json
-import random
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from services.benchmark.registry import BenchmarkSpec
+from services.benchmark.scoring import assemble_scores
 from services.benchmark.splits import SplitManifest, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 
@@ -355,15 +355,4 @@ def parse_lm_eval_output(
             raise LmEvalOutputError(f"task {task}: {len(rows)} samples for {len(ids)} items in the split")
         errors.extend(_error_sample(spec, row) for row in rows if not _is_correct(spec, row))
 
-    if len(errors) > max_error_samples:
-        keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))
-        errors = [errors[i] for i in keep]
-    values = [m[spec.primary_metric] for m in summary.values()]
-    return BenchmarkScores(
-        accuracy_summary=summary,
-        error_samples=errors,
-        primary_metric=spec.primary_metric,
-        higher_is_better=spec.higher_is_better,
-        primary_value=sum(values) / len(values) if values else None,
-        item_ids={s: list(ids) for s, ids in manifest.item_ids.items() if ids},
-    )
+    return assemble_scores(spec, manifest, summary, errors, max_error_samples, seed)

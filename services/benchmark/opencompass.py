@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 from services.benchmark.lmeval import OFFLINE_ENV, ModelSelection, has_chat_template
 from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
+from services.benchmark.scoring import assemble_scores
 from services.benchmark.splits import SplitManifest, split_items, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 
@@ -591,15 +591,4 @@ def parse_opencompass_output(
         items = [by_id.get(item_id) for item_id in ids]
         errors.extend(_error_samples(items, details, _predictions(run, abbr)))
 
-    if len(errors) > max_error_samples:
-        keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))
-        errors = [errors[i] for i in keep]
-    values = [m[spec.primary_metric] for m in summary.values()]
-    return BenchmarkScores(
-        accuracy_summary=summary,
-        error_samples=errors,
-        primary_metric=spec.primary_metric,
-        higher_is_better=spec.higher_is_better,
-        primary_value=sum(values) / len(values) if values else None,
-        item_ids={s: list(ids) for s, ids in manifest.item_ids.items() if ids},
-    )
+    return assemble_scores(spec, manifest, summary, errors, max_error_samples, seed)

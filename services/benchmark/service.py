@@ -146,10 +146,7 @@ async def _run_split(
     )
     store = await _store_for(ctx, manifest)
     log_ref: ArtifactRef = await store.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
-    outcome = StageOutcome(
-        exit_code=run.exit_code, timed_out=run.timed_out, duration_s=run.duration_s, timeout_s=timeout,
-        log=log_ref, log_tail=run.output_tail,
-    )
+    outcome = run.outcome(log_ref)
     if run.timed_out:
         return SplitRun(None, outcome, f"benchmark ({label}) timed out after {timeout:.0f} s (exit code 124)")
     if run.exit_code != 0:

@@ -26,7 +26,6 @@ from shared.events import (
     EvalRequested,
     FailedStage,
     Stage,
-    StageOutcome,
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
@@ -97,14 +96,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         tail_chars=settings.log_tail_chars,
     )
     log_ref = await ctx.artifacts.put_file(f"{event.request_id}/logs/data_processing.log", log_path)
-    outcome = StageOutcome(
-        exit_code=run.exit_code,
-        timed_out=run.timed_out,
-        duration_s=run.duration_s,
-        timeout_s=timeout,
-        log=log_ref,
-        log_tail=run.output_tail,
-    )
+    outcome = run.outcome(log_ref)
     summary = DataSummary(cache_key=key, outcome=outcome)
     if run.timed_out:
         return _failed(event, ctx, FailedStage.data_processing,

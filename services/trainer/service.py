@@ -21,7 +21,6 @@ from shared.events import (
     DataResult,
     FailedStage,
     Stage,
-    StageOutcome,
     TrainingMetrics,
     TrainResult,
     TrainSummary,
@@ -105,14 +104,7 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     history = extract_loss_history(output_dir)
     outputs = await _upload_outputs(ctx, rid, workspace, output_dir)
     summary = TrainSummary(
-        outcome=StageOutcome(
-            exit_code=run.exit_code,
-            timed_out=run.timed_out,
-            duration_s=run.duration_s,
-            timeout_s=timeout,
-            log=log_ref,
-            log_tail=run.output_tail,
-        ),
+        outcome=run.outcome(log_ref),
         model_kind=kind,
         model_files=model_files,
         outputs=outputs,

@@ -1,0 +1,34 @@
+"""What every benchmark backend does last: sample the errors and assemble ``BenchmarkScores``."""
+
+from __future__ import annotations
+
+import random
+
+from services.benchmark.registry import BenchmarkSpec
+from services.benchmark.splits import SplitManifest
+from shared.events import BenchmarkScores, ErrorSample
+
+
+def assemble_scores(
+    spec: BenchmarkSpec,
+    manifest: SplitManifest,
+    summary: dict[str, dict[str, float]],
+    errors: list[ErrorSample],
+    max_error_samples: int,
+    seed: int,
+) -> BenchmarkScores:
+    """``primary_value`` is the mean of the primary metric over subsets; at most
+    ``max_error_samples`` errors are kept, drawn with ``random.Random(seed)`` so the same run always
+    shows the judge the same samples (the reference's were unseeded)."""
+    if len(errors) > max_error_samples:
+        keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))
+        errors = [errors[i] for i in keep]
+    values = [m[spec.primary_metric] for m in summary.values()]
+    return BenchmarkScores(
+        accuracy_summary=summary,
+        error_samples=errors,
+        primary_metric=spec.primary_metric,
+        higher_is_better=spec.higher_is_better,
+        primary_value=sum(values) / len(values) if values else None,
+        item_ids={s: list(ids) for s, ids in manifest.item_ids.items() if ids},
+    )
