@@ -140,3 +140,12 @@ def write_workspace(root: Path, *, script: str | None = None, train: dict | None
         if name not in drop:
             (root / name).write_text(text)
     return root
+
+
+async def wait_for_file(path: Path, timeout_s: float = 60.0) -> None:
+    """Poll for a file another process writes (a stand-in's pid file, say)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not path.is_file() and loop.time() < deadline:
+        await asyncio.sleep(0.1)
+    assert path.is_file(), f"{path} did not appear within {timeout_s:.0f} s"

@@ -15,7 +15,7 @@ from pathlib import Path
 from shared.embedded import EmbeddedServer, free_port
 from shared.events import TaskSpec
 from shared.settings import Settings
-from tests.integration.conftest import Pipeline, write_workspace
+from tests.integration.conftest import Pipeline, wait_for_file, write_workspace
 
 TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
 FTBUS = [sys.executable, "-m", "shared.cli"]
@@ -75,11 +75,7 @@ async def test_a_request_survives_a_server_restart(tmp_path: Path, standin_bin: 
         ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 8,
                                                      "standin_pid_file": str(pid_file)})
         rid = await pipeline.client.submit(ws, TASK)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while not pid_file.is_file() and loop.time() < deadline:
-            await asyncio.sleep(0.1)
-        assert pid_file.is_file(), "training never started"
+        await wait_for_file(pid_file)  # training has started
         server.stop()  # mid-training: the server goes away ...
         await asyncio.sleep(2)
         server.start()  # ... and comes back on the same port with the same store
@@ -108,10 +104,7 @@ async def test_a_stopping_worker_hands_its_message_over(
     ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 30,
                                                  "standin_pid_file": str(pid_file)})
     rid = await pipeline.client.submit(ws, TASK)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while not pid_file.is_file() and loop.time() < deadline:
-        await asyncio.sleep(0.1)
+    await wait_for_file(pid_file)
     trainer_pid = int(pid_file.read_text().split()[0])
     stop_first.set()
     await asyncio.wait_for(first, timeout=60)
