@@ -6,6 +6,7 @@ request id whenever it could be read, so that a bad message can still end in an 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import Enum
 from typing import Any, TypeVar
@@ -57,10 +58,15 @@ def encode(event: BaseModel) -> bytes:
     return msgpack.packb(body, default=_default, use_bin_type=True)
 
 
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
 def _request_id_of(body: Any) -> str | None:
+    """The request id, only when it is a valid one: an arbitrary string (dots, wildcards, spaces)
+    cannot name a KV key or a verdict subject, so a dead letter carrying it could never end."""
     if isinstance(body, dict):
         rid = body.get("request_id")
-        if isinstance(rid, str) and 0 < len(rid) <= 64:
+        if isinstance(rid, str) and _REQUEST_ID.fullmatch(rid):
             return rid
     return None
 
