@@ -6,7 +6,7 @@ TOOLCHAIN := .toolchain
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install toolchain opencompass assets demo test test-unit test-integration test-e2e bench lint up clean
+.PHONY: install toolchain docker sandbox sandbox-for-tests opencompass assets demo test test-unit test-integration test-e2e bench lint up clean
 
 install: $(STAMP)
 
@@ -20,6 +20,21 @@ $(STAMP): pyproject.toml
 toolchain:
 	bash deploy/toolchain/install.sh $(TOOLCHAIN)
 
+# The Docker engine candidate code runs under (Debian's docker.io; dockerd started here, since
+# these machines have no init system to start it). Says what to do where it cannot.
+docker:
+	bash deploy/sandbox/engine.sh
+
+# The sandbox image (offline: Debian's debootstrap + the toolchain above; docs/sandbox.md).
+sandbox: toolchain docker
+	bash deploy/sandbox/build.sh $(TOOLCHAIN)
+
+# For `make test`: where no engine can run, the sandbox tests are skipped (each says why); where
+# one runs, the image must build.
+sandbox-for-tests: toolchain
+	@if bash deploy/sandbox/engine.sh; then bash deploy/sandbox/build.sh $(TOOLCHAIN); \
+	else echo "[make] no Docker engine here: the sandbox and docker e2e tests will be skipped, saying why"; fi
+
 # Optional: the OpenCompass backend (FTBUS_BENCH_BACKEND=opencompass), in an environment of its own.
 # Not part of `make test`; its e2e tests run when it exists and are skipped, saying why, when not.
 opencompass:
@@ -28,10 +43,10 @@ opencompass:
 assets: install toolchain
 	$(BIN)/ftbus assets init
 
-demo: install toolchain
+demo: install toolchain sandbox
 	$(BIN)/python -m shared.demo
 
-test: install toolchain
+test: install toolchain sandbox-for-tests
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: install
@@ -40,7 +55,7 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-test-e2e: install toolchain
+test-e2e: install toolchain sandbox-for-tests
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
 bench: install toolchain

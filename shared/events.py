@@ -110,6 +110,10 @@ class StageOutcome(Model):
     timeout_s: float | None = None
     log: ArtifactRef | None = None
     log_tail: str = ""
+    #: The kernel killed it for exceeding the sandbox's memory limit (exit code 137).
+    oom_killed: bool = False
+    #: The isolation it ran under: ``local`` (none) or ``docker:<image>`` (docs/sandbox.md).
+    sandbox: str | None = None
 
 
 # ---------------------------------------------------------------- request
@@ -141,6 +145,31 @@ class DataStats(Model):
     stdout_summary: str = ""
 
 
+class LlmCall(Model):
+    """One call that process_data.py made through the LLM gateway."""
+
+    model: str = ""
+    path: str = ""
+    status: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+
+
+class LlmUsage(Model):
+    """What data processing spent on LLM calls, and the budget it ran under."""
+
+    calls: list[LlmCall] = Field(default_factory=list)
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    #: Calls the gateway refused because the budget was spent.
+    refused: int = 0
+    budget_requests: int = 0
+    budget_tokens: int = 0
+    budget_wall_s: float = 0.0
+
+
 class DataSummary(Model):
     """What the data stage produced, carried by every later event."""
 
@@ -150,6 +179,8 @@ class DataSummary(Model):
     cached: bool = False
     cache_key: str | None = None
     outcome: StageOutcome | None = None
+    #: LLM calls made through the gateway (docs/sandbox.md); None when no LLM was configured.
+    llm_usage: LlmUsage | None = None
 
 
 class DataResult(Event):

@@ -83,3 +83,25 @@ def safe_join(root: Path, rel: str) -> Path:
             f"(a symlink on the way points out). Replace the symlink with a regular file or folder"
         )
     return joined
+
+
+def regular_file_in(root: Path, rel: str) -> Path:
+    """``root/rel`` when it is a regular file inside ``root``, reached without any symlink.
+
+    For files that sandboxed candidate code wrote: the worker reads them on the host, where a
+    symlink could point at what the sandbox never saw (the hidden test split, the server's store).
+    A FIFO or device would block or lie. Raises :class:`UnsafePath` or ``FileNotFoundError``.
+    """
+    relative = validate_relative_path(rel)
+    path = Path(root)
+    for part in relative.parts:
+        path = path / part
+        if path.is_symlink():
+            raise UnsafePath(
+                f"{rel!r} is (or passes through) a symlink, {path.name} -> {os.readlink(path)}; write a regular file"
+            )
+    if not path.exists():
+        raise FileNotFoundError(f"{rel} was not written")
+    if not path.is_file():
+        raise UnsafePath(f"{rel!r} is not a regular file (a folder, FIFO or device); write a regular file")
+    return path

@@ -30,6 +30,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from shared.events import ArtifactRef, StageOutcome
+from shared.sandbox import Sandbox
 
 LineCallback = Callable[[str], Awaitable[None] | None]
 
@@ -37,6 +38,7 @@ EXIT_TIMEOUT = 124  # as `timeout(1)` and the reference evaluator
 EXIT_CANNOT_EXECUTE = 126  # as the shell: found but not executable
 EXIT_NOT_FOUND = 127  # as the shell: command not found
 EXIT_CANCELLED = 130  # as the shell for SIGINT: stopped on request
+EXIT_OOM_KILLED = 137  # 128 + SIGKILL, as docker reports a container the kernel killed for memory
 
 _READ_CHUNK = 64 * 1024
 
@@ -49,6 +51,10 @@ class RunResult(BaseModel):
     timeout_s: float
     log_path: Path
     output_tail: str
+    #: Killed by the kernel for exceeding its memory limit (the container runner can tell; exit 137).
+    oom_killed: bool = False
+    #: Which isolation the run had: ``local`` (none) or ``docker:<image>``.
+    sandbox: str = "local"
 
     def outcome(self, log: ArtifactRef | None) -> StageOutcome:
         """The event form of this run, its log stored as ``log``."""
@@ -59,11 +65,16 @@ class RunResult(BaseModel):
             timeout_s=self.timeout_s,
             log=log,
             log_tail=self.output_tail,
+            oom_killed=self.oom_killed,
+            sandbox=self.sandbox,
         )
 
 
 @runtime_checkable
 class Runner(Protocol):
+    #: ``local``, or ``docker:<image>``: recorded in every outcome (and so in the verdict).
+    name: str
+
     async def run(
         self,
         argv: Sequence[str],
@@ -74,6 +85,7 @@ class Runner(Protocol):
         log_path: Path,
         on_line: LineCallback | None = None,
         tail_chars: int = 20000,
+        sandbox: Sandbox | None = None,
     ) -> RunResult: ...
 
 
@@ -146,7 +158,7 @@ def _tree_alive(sid: int) -> bool:
 # ---------------------------------------------------------------------------- output
 
 
-class _Output:
+class RunOutput:
     """Splits the child's byte stream into lines for the log file, the callback and the tail."""
 
     def __init__(
@@ -234,6 +246,8 @@ class LocalRunner:
     Python children stream their output instead of delivering it at exit).
     """
 
+    name = "local"
+
     def __init__(
         self,
         passthrough_env: Sequence[str],
@@ -275,9 +289,12 @@ class LocalRunner:
         log_path: Path,
         on_line: LineCallback | None = None,
         tail_chars: int = 20000,
+        sandbox: Sandbox | None = None,
         cancel: asyncio.Event | None = None,
     ) -> RunResult:
         """Run ``argv`` and report how it ended.
+
+        ``sandbox`` is accepted and not enforced: this runner isolates nothing (docs/sandbox.md).
 
         ``cancel``, when set while the command runs, stops it like a timeout but reports
         ``cancelled=True`` (exit code 130): for a user's cancel request, which is a result to
@@ -299,7 +316,7 @@ class LocalRunner:
         # keeps the output in order without a thread hop per chunk.
         log = await asyncio.to_thread(log_path.open, "wb")
         try:
-            output = _Output(log, on_line, tail_chars, self.max_line_chars)
+            output = RunOutput(log, on_line, tail_chars, self.max_line_chars)
             start = time.monotonic()
 
             def result(exit_code: int, *, timed_out: bool = False, cancelled: bool = False) -> RunResult:
@@ -311,6 +328,7 @@ class LocalRunner:
                     timeout_s=timeout_s,
                     log_path=log_path,
                     output_tail=output.tail,
+                    sandbox=self.name,
                 )
 
             try:
@@ -340,7 +358,7 @@ class LocalRunner:
     async def _supervise(
         self,
         proc: asyncio.subprocess.Process,
-        output: _Output,
+        output: RunOutput,
         result: Callable[..., RunResult],
         timeout_s: float,
         cancel: asyncio.Event | None,
@@ -387,7 +405,7 @@ class LocalRunner:
         return run
 
     @staticmethod
-    async def _pump(stream: asyncio.StreamReader, output: _Output) -> None:
+    async def _pump(stream: asyncio.StreamReader, output: RunOutput) -> None:
         while data := await stream.read(_READ_CHUNK):
             await output.feed(data)
         await output.finish()
@@ -432,7 +450,7 @@ class LocalRunner:
             _signal_tree(sid, signal.SIGKILL)
 
     async def _drain(
-        self, proc: asyncio.subprocess.Process, pump: asyncio.Future[None], output: _Output
+        self, proc: asyncio.subprocess.Process, pump: asyncio.Future[None], output: RunOutput
     ) -> None:
         """Read what is left in the pipe. Only a process outside the tree can hold it open now."""
         while not pump.done():

@@ -103,6 +103,39 @@ class Settings(BaseSettings):
     max_error_samples: int = Field(default=10, ge=0)
     error_sample_seed: int = 0
 
+    # ------------------------------------------------------------------ sandbox (docs/sandbox.md)
+    sandbox: Literal["auto", "docker", "local"] = Field(
+        default="auto",
+        description="Where candidate code runs: docker (a container per run, isolated); local (a plain "
+        "subprocess, NO isolation, development only, must be chosen explicitly); auto: docker, and a worker "
+        "refuses to start when no engine is reachable.",
+    )
+    sandbox_image: str = Field(
+        default="ftbus-sandbox:latest",
+        description="Image for candidate code (`make sandbox`); any image with the toolchain on PATH, "
+        "python3 and socat (deploy/docker/) works.",
+    )
+    sandbox_stage_images: dict[str, str] = Field(
+        default_factory=dict, description="Per-stage image overrides, keyed data, train, bench."
+    )
+    sandbox_memory: str = Field(default="8g", pattern=r"^[0-9.]+[bkmgBKMG]?$",
+                                description="Memory limit per container (no swap beyond it).")
+    sandbox_cpus: float = Field(default=0.0, ge=0, description="CPUs per container; 0: all of the host's.")
+    sandbox_pids: int = Field(default=4096, ge=16, description="Processes and threads per container.")
+    sandbox_shm: str = Field(default="1g", pattern=r"^[0-9.]+[bkmgBKMG]?$", description="/dev/shm size.")
+    sandbox_tmp: str = Field(default="2g", pattern=r"^[0-9.]+[bkmgBKMG]?$",
+                             description="Size of the container's tmpfs /tmp (counts against its memory).")
+    sandbox_gpus: str | None = Field(
+        default=None,
+        description="GPUs for train and bench containers: all, a count, or device ids `0,1`; unset: "
+        "CUDA_VISIBLE_DEVICES, else all when an NVIDIA device exists, else none.",
+    )
+    llm_budget_requests: int = Field(default=500, ge=0, description="LLM calls one process_data.py run may make.")
+    llm_budget_tokens: int = Field(default=2_000_000, ge=0, description="Total tokens one run may spend.")
+    llm_budget_wall_s: float = Field(
+        default=3600.0, gt=0, description="After this long the gateway refuses a run's further LLM calls."
+    )
+
     # ------------------------------------------------------------------ LLM access (data scripts, judge)
     openai_api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("FTBUS_OPENAI_API_KEY", "OPENAI_API_KEY")
@@ -124,6 +157,21 @@ class Settings(BaseSettings):
     )
     judge_policy: Literal["both", "llm", "rules"] = Field(
         default="both", description="Who decides when rules pass: both must agree, the LLM, or the rules."
+    )
+
+    # ------------------------------------------------------------------ dashboard
+    dashboard_host: str = Field(
+        default="127.0.0.1",
+        description="Address `ftbus dashboard` (and `ftbus up`) serves the dashboard on. It shows the hidden "
+        "test split's scores: keep it on loopback or behind access control.",
+    )
+    dashboard_port: int = Field(
+        default=8470, ge=0, le=65535,
+        description="Its port; 0 = any free port. `ftbus up` takes a free one when this one is busy.",
+    )
+    dashboard_in_up: bool = Field(default=True, description="`ftbus up` serves the dashboard too.")
+    dashboard_poll_s: float = Field(
+        default=2.0, gt=0, description="How often the dashboard re-reads each stage's consumer state."
     )
 
     # ------------------------------------------------------------------ logging

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+# Integration and delivery tests run the stand-in tools (tests/standin/) on the host: they are
+# about the bus, not isolation, so their workers use the local runner, chosen explicitly as a
+# deployment must. The sandbox's own tests (tests/integration/test_sandbox*.py) and the e2e tests
+# with the real toolchain set sandbox="docker" themselves.
+os.environ.setdefault("FTBUS_SANDBOX", "local")
 
 from shared.embedded import EmbeddedServer
 

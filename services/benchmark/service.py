@@ -35,7 +35,10 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
+from shared.runner import Runner
 from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.sandbox import Sandbox
+from shared.stage_runner import make_runner
 
 log = get_logger("ftbus.benchmark")
 
@@ -69,6 +72,9 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
         return [_result(event, ctx, split, SplitRun(None, None, error), None) for split in ("validation", "test")]
 
     await materialise(ctx.artifacts, event.train.outputs, ctx.workdir)
+    refused = drop_pickled_weights(ctx.workdir / "output")
+    if refused is not None:
+        return [_result(event, ctx, split, SplitRun(None, None, refused), None) for split in ("validation", "test")]
     model = select_model(base_model, ctx.workdir / "output")
     device = detect_device(settings.bench_device)
 
@@ -82,6 +88,29 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
 
     validation, test = await asyncio.gather(one_split("validation"), one_split("test"))
     return validation + test
+
+
+#: Weight formats that torch.load unpickles: loading one runs whatever code the pickle names.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def drop_pickled_weights(output_dir: Path) -> str | None:
+    """Remove pickle-format files from the candidate's output, so no loader can unpickle them.
+
+    Weights are data: the benchmark loads safetensors only. Returns the reason to refuse when
+    nothing loadable is left (the candidate saved its model only as pickles)."""
+    if not output_dir.is_dir():
+        return None
+    pickled = [p for p in output_dir.rglob("*") if p.suffix in PICKLE_SUFFIXES and (p.is_file() or p.is_symlink())]
+    for path in pickled:
+        path.unlink()
+    weights = [p.name for p in pickled if p.name != "training_args.bin"]
+    if weights and not any(output_dir.glob("*.safetensors")):
+        return (
+            f"the trained model was saved only in pickle format ({', '.join(sorted(weights)[:5])}); the benchmark "
+            "never unpickles candidate files: save safetensors (LlamaFactory's default, save_safetensors: true)"
+        )
+    return None
 
 
 def _result(
@@ -140,9 +169,11 @@ async def _run_split(
         # The two splits run at once: give each half the cores, or torch's thread pools fight.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
     # The backend's working folder is the run folder: OpenCompass writes ./tmp and friends there.
+    # The sandbox sees this split's run folder (its data and task files, written above) and the
+    # model, read-only: not the benchmark's other split, not the assets.
     run = await ctx.runner.run(
         argv, cwd=run_dir, env=env, timeout_s=timeout, log_path=log_path,
-        tail_chars=settings.log_tail_chars,
+        tail_chars=settings.log_tail_chars, sandbox=Sandbox.reading(model.pretrained, model.peft, gpus=True),
     )
     store = await _store_for(ctx, manifest)
     log_ref: ArtifactRef = await store.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
@@ -234,5 +265,6 @@ def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None
     )
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
-    await StageWorker(bus, Stage.bench, handle, (TrainResult,), concurrency=concurrency).run(stop)
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, runner: Runner | None = None) -> None:
+    runner = runner or make_runner(bus.settings, Stage.bench.value)
+    await StageWorker(bus, Stage.bench, handle, (TrainResult,), concurrency=concurrency, runner=runner).run(stop)

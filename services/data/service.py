@@ -8,11 +8,13 @@ says ``cached: true``. Only successes are cached.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
 from services.data.cache import data_cache_key
 from services.data.env import data_processing_env
+from services.data.gateway import Budget, LlmGateway
 from services.data.precheck import precheck
 from services.data.stats import compute_data_stats
 from services.data.validate import DataInvalid, load_data_json
@@ -25,11 +27,16 @@ from shared.events import (
     DataSummary,
     EvalRequested,
     FailedStage,
+    LlmUsage,
     Stage,
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
+from shared.paths import UnsafePath, regular_file_in
+from shared.runner import Runner, RunResult
 from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.sandbox import Sandbox
+from shared.stage_runner import make_runner
 
 log = get_logger("ftbus.data")
 
@@ -87,17 +94,12 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     timeout = settings.timeout_for("data_processing", context.timeouts.data_processing)
     log_path = ctx.workdir / "data_processing.log"
     await ctx.progress(message="running process_data.py")
-    run = await ctx.runner.run(
-        ["python", "process_data.py"],
-        cwd=workspace,
-        env=data_processing_env(settings, assets),
-        timeout_s=timeout,
-        log_path=log_path,
-        tail_chars=settings.log_tail_chars,
+    run, llm_usage = await _run_process_data(
+        ctx, workspace, timeout, log_path, [_base_model_dir(assets, context.task.base_model), *dataset_dirs]
     )
     log_ref = await ctx.artifacts.put_file(f"{event.request_id}/logs/data_processing.log", log_path)
     outcome = run.outcome(log_ref)
-    summary = DataSummary(cache_key=key, outcome=outcome)
+    summary = DataSummary(cache_key=key, outcome=outcome, llm_usage=llm_usage)
     if run.timed_out:
         return _failed(event, ctx, FailedStage.data_processing,
                        f"process_data.py timed out after {timeout:.0f} s (exit code 124)", summary)
@@ -106,7 +108,13 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
                        f"process_data.py exited with code {run.exit_code}", summary)
 
     try:
+        # The sandbox wrote data.json: it must be a regular file of the workspace, not a link
+        # that makes this worker read (and publish) a host file the candidate could not see.
+        with contextlib.suppress(FileNotFoundError):  # load_data_json says what is missing
+            regular_file_in(workspace, DATA_FILE)
         records = await asyncio.to_thread(load_data_json, workspace / DATA_FILE)
+    except UnsafePath as exc:
+        return _failed(event, ctx, FailedStage.data_processing, f"data.json refused: {exc}", summary)
     except DataInvalid as exc:
         return _failed(event, ctx, FailedStage.data_processing, str(exc), summary)
 
@@ -120,11 +128,55 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     await cache.put_file(f"{cache_prefix}/{DATA_FILE}", workspace / DATA_FILE)
     await cache.put_bytes(f"{cache_prefix}/{STATS_FILE}", stats_bytes)
     summary = DataSummary(
-        data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, outcome=outcome
+        data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, outcome=outcome,
+        llm_usage=llm_usage,
     )
     log.info("data ready", samples=stats.total_samples, cache_key=key)
     ok = DataResult(request_id=rid, ok=True, context=context, data=summary)
     return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
+
+
+async def _run_process_data(
+    ctx: StageContext, workspace: Path, timeout_s: float, log_path: Path, readable: list[Path | None]
+) -> tuple[RunResult, LlmUsage | None]:
+    """``python process_data.py`` in the sandbox, which may read the base model and the raw datasets.
+
+    With an LLM configured and a container runner, the script reaches it only through a gateway
+    of this run (services/data/gateway.py): the real key never enters the sandbox."""
+    settings = ctx.settings
+    assets: Path = settings.assets
+    env = data_processing_env(settings, assets)
+    mounts = readable
+    isolated = ctx.runner.name != "local"
+    if not (isolated and settings.openai_api_key and settings.openai_base_url):
+        if isolated:  # no LLM configured: no network at all, and no key to hand out
+            env.pop("OPENAI_API_KEY", None)
+            env.pop("OPENAI_BASE_URL", None)
+        sandbox = Sandbox.reading(*mounts)
+        run = await ctx.runner.run(["python", "process_data.py"], cwd=workspace, env=env, timeout_s=timeout_s,
+                                   log_path=log_path, tail_chars=settings.log_tail_chars, sandbox=sandbox)
+        return run, None
+    budget = Budget(settings.llm_budget_requests, settings.llm_budget_tokens,
+                    min(settings.llm_budget_wall_s, timeout_s))
+    socket_path = ctx.workdir / "llm" / "llm.sock"
+    async with LlmGateway(socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
+                          budget=budget) as gateway:
+        sandbox = Sandbox.reading(*mounts, llm_socket=socket_path)
+        env["OPENAI_API_KEY"] = gateway.token
+        env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{sandbox.llm_port}/v1"
+        run = await ctx.runner.run(["python", "process_data.py"], cwd=workspace, env=env, timeout_s=timeout_s,
+                                   log_path=log_path, tail_chars=settings.log_tail_chars, sandbox=sandbox)
+        usage = gateway.usage()
+    log.info("LLM calls of process_data.py", calls=usage.requests, refused=usage.refused,
+             tokens=usage.prompt_tokens + usage.completion_tokens)
+    return run, usage
+
+
+def _base_model_dir(assets: Path, base_model: str) -> Path | None:
+    try:
+        return resolve_base_model(assets, base_model)
+    except ModelNotFound:
+        return None
 
 
 async def _cache_lookup(cache: ArtifactStore, prefix: str) -> tuple[ArtifactRef, DataStats] | None:
@@ -137,12 +189,11 @@ async def _cache_lookup(cache: ArtifactStore, prefix: str) -> tuple[ArtifactRef,
 
 
 def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
-    try:
-        candidate = resolve_base_model(assets, base_model) / "tokenizer.json"
-    except ModelNotFound:
-        return None
-    return candidate if candidate.is_file() else None
+    model_dir = _base_model_dir(assets, base_model)
+    candidate = model_dir / "tokenizer.json" if model_dir is not None else None
+    return candidate if candidate is not None and candidate.is_file() else None
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
-    await StageWorker(bus, Stage.data, handle, (EvalRequested,), concurrency=concurrency).run(stop)
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, runner: Runner | None = None) -> None:
+    runner = runner or make_runner(bus.settings, Stage.data.value)
+    await StageWorker(bus, Stage.data, handle, (EvalRequested,), concurrency=concurrency, runner=runner).run(stop)

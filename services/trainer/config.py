@@ -20,6 +20,7 @@ same values there. Comments and formatting of the original are not kept; every v
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -58,6 +59,8 @@ class PreparedTrainConfig(BaseModel):
 
     yaml_text: str
     model_path: Path
+    #: Where LlamaFactory reads dataset_info.json and the data files: the workspace or an installed dataset.
+    dataset_dir: Path
     finetuning_type: str
     datasets: list[str]
     #: System-managed keys whose value the candidate had set differently (they were replaced).
@@ -169,15 +172,27 @@ def _map_reference_path(path: Path, assets_dir: Path) -> Path | None:
     return assets_dir / rest
 
 
+def _under(path: Path, folder: Path) -> bool:
+    """``path`` lies inside ``folder`` once every link is followed."""
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return real == root or real.is_relative_to(root)
+
+
 def _resolve_model(raw: str, assets_dir: Path) -> Path:
     models_dir = assets_dir / "models"
     path = Path(raw)
     if path.is_absolute():
-        if path.is_dir():
-            return path
         mapped = _map_reference_path(path, assets_dir)
-        if mapped is not None and mapped.is_dir():
-            return mapped
+        for option in (path, mapped):
+            # Only installed models: a model folder elsewhere (the workspace included) could carry
+            # code that trust_remote_code or a custom architecture would run.
+            if option is not None and option.is_dir() and _under(option, models_dir):
+                return option
+        if path.is_dir():
+            raise TrainConfigError(
+                f"model_name_or_path {raw!r} is not an installed model: only models under {models_dir} "
+                f"can be trained (available: {_listing(available_models(models_dir)) or 'none'})"
+            )
     elif ".." not in path.parts and (models_dir / path).is_dir():
         return models_dir / path
     models = available_models(models_dir)
@@ -218,10 +233,16 @@ def _dataset_dir(value: Any, workspace_dir: Path, assets_dir: Path) -> Path:
         )
     path = Path(value.strip())
     if path.is_absolute():
-        if path.is_dir():
-            return path
         mapped = _map_reference_path(path, assets_dir)
-        return mapped if mapped is not None and mapped.is_dir() else path
+        for option in (path, mapped):
+            if option is not None and option.is_dir() and (
+                _under(option, workspace_dir) or _under(option, assets_dir / "datasets")
+            ):
+                return option
+        raise TrainConfigError(
+            f"dataset_dir {value!r} is neither inside the workspace nor an installed dataset folder under "
+            f"{assets_dir / 'datasets'}; leave dataset_dir out to use the workspace"
+        )
     if ".." in path.parts:
         raise TrainConfigError(
             f"dataset_dir {value!r} leaves the workspace; use a folder inside it, or leave dataset_dir out"
@@ -250,6 +271,67 @@ def _declared_datasets(dataset_dir: Path, shown_dir: str) -> dict[str, Any]:
             f"descriptions; it is a {type(info).__name__}"
         )
     return info
+
+
+#: dataset_info.json keys that load from a hub or run a loading script instead of reading a file.
+_REMOTE_DATASET_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+#: train.yaml keys holding paths that LlamaFactory or transformers read: they must stay in the workspace.
+_WORKSPACE_PATH_KEYS = (
+    "adapter_name_or_path", "deepspeed", "tokenized_path", "cache_dir", "resume_from_checkpoint",
+    "media_dir", "image_dir", "video_dir", "audio_dir", "logging_dir", "ref_model_adapters",
+    "reward_model_adapters", "ray_storage_path",
+)
+#: Keys naming another model to load (preference stages): installed models only, as for the base.
+_MODEL_KEYS = ("ref_model", "reward_model")
+
+
+def _check_sources(names: list[str], declared: dict[str, Any], dataset_dir: Path) -> None:
+    """Each used dataset must be a plain file of the dataset folder: no hub, no loading script."""
+    for name in names:
+        entry = declared.get(name)
+        if not isinstance(entry, dict):
+            raise TrainConfigError(f"{DATASET_INFO} entry {name!r} must be an object with a file_name")
+        remote = [key for key in _REMOTE_DATASET_KEYS if entry.get(key)]
+        if remote:
+            raise TrainConfigError(
+                f"{DATASET_INFO} entry {name!r} uses {', '.join(remote)}: datasets are not downloaded and "
+                "loading scripts are not run during evaluation; write the data to a file in the workspace "
+                "and give it as file_name"
+            )
+        file_name = entry.get("file_name")
+        if not isinstance(file_name, str) or not file_name.strip():
+            raise TrainConfigError(f"{DATASET_INFO} entry {name!r} has no file_name")
+        target = dataset_dir / file_name
+        if Path(file_name).is_absolute() or ".." in Path(file_name).parts or not _under(target, dataset_dir):
+            raise TrainConfigError(
+                f"{DATASET_INFO} entry {name!r}: file_name {file_name!r} leaves the dataset folder; "
+                "name a file inside it"
+            )
+        if target.suffix == ".py" or (target.is_dir() and any(target.glob("*.py"))):
+            raise TrainConfigError(
+                f"{DATASET_INFO} entry {name!r}: {file_name!r} is a loading script; scripts are not run "
+                "during evaluation: write the data as JSON, JSONL, CSV or Parquet"
+            )
+
+
+def _check_paths(config: dict[str, Any], workspace_dir: Path, assets_dir: Path) -> None:
+    for key in _WORKSPACE_PATH_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        values = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else [value]
+        for item in values:
+            text = str(item).strip()
+            path = Path(text)
+            if not text or path.is_absolute() or ".." in path.parts or not _under(workspace_dir / path, workspace_dir):
+                raise TrainConfigError(
+                    f"{key} {text!r} must be a path inside the workspace (relative, without '..'): "
+                    "files outside it are not part of the candidate"
+                )
+    for key in _MODEL_KEYS:
+        value = config.get(key)
+        if isinstance(value, str) and value.strip():
+            config[key] = str(_resolve_model(value.strip(), assets_dir))
 
 
 def _check_declared(names: list[str], key: str, declared: dict[str, Any]) -> None:
@@ -317,7 +399,10 @@ def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> P
             f"{DATASET_INFO} (declared: {_listing(sorted(declared)) if declared else 'none'})"
         )
     _check_declared(datasets, "dataset", declared)
-    _check_declared(_dataset_names(config.get("eval_dataset"), "eval_dataset"), "eval_dataset", declared)
+    eval_datasets = _dataset_names(config.get("eval_dataset"), "eval_dataset")
+    _check_declared(eval_datasets, "eval_dataset", declared)
+    _check_sources(datasets + eval_datasets, declared, dataset_dir)
+    _check_paths(config, workspace_dir, assets_dir)
 
     overridden = [k for k, v in SYSTEM_MANAGED_PARAMS.items() if k in config and config[k] != v]
     config.update(SYSTEM_MANAGED_PARAMS)
@@ -332,6 +417,7 @@ def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> P
     return PreparedTrainConfig(
         yaml_text=header + _dump_yaml(config),
         model_path=model_path,
+        dataset_dir=dataset_dir,
         finetuning_type=finetuning_type.strip(),
         datasets=datasets,
         overridden=overridden,

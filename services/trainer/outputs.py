@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -101,6 +102,15 @@ def _latest_checkpoint_state(output_dir: Path) -> Path | None:
     return max(candidates)[1] if candidates else None
 
 
+def _written_in_place(path: Path, output_dir: Path) -> bool:
+    """``path`` is itself inside ``output_dir``, not reached through a link the candidate planted
+    (the sandbox wrote this folder; the worker reads it on the host, where a link could lead anywhere)."""
+    if output_dir.is_symlink():
+        return False
+    real = Path(os.path.realpath(path))
+    return real == Path(os.path.realpath(output_dir)) / path.relative_to(output_dir)
+
+
 def extract_loss_history(output_dir: Path) -> LossHistory:
     """Train/eval loss points from ``trainer_state.json``'s ``log_history``; never raises.
 
@@ -116,7 +126,7 @@ def extract_loss_history(output_dir: Path) -> LossHistory:
     sources.append((output_dir / TRAINER_LOG, _from_trainer_log))
 
     for path, read in sources:
-        if not path.is_file():
+        if not path.is_file() or not _written_in_place(path, output_dir):
             continue
         try:
             return read(path)

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -88,15 +89,27 @@ class TrainerLogFollower:
 
     def poll(self) -> list[TrainProgress]:
         """Read the complete lines appended since the last call (a half-written one waits)."""
+        # The sandbox writes this file and the worker reads it on the host: a symlink on the way
+        # could make it read a host file, and a FIFO would block. Only the regular file in place.
+        workspace = self.path.parent.parent
+        expected = Path(os.path.realpath(workspace)) / self.path.relative_to(workspace)
+        if Path(os.path.realpath(self.path)) != expected:
+            return []
         try:
-            with self.path.open("rb") as f:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except (FileNotFoundError, OSError):
+            return []
+        try:
+            with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    return []
                 if st.st_ino != self._inode or st.st_size < self._offset:
                     # First sight, or deleted and recreated (a new run): start from its beginning.
                     self._inode, self._offset, self._partial = st.st_ino, 0, b""
                 f.seek(self._offset)
                 chunk = f.read()
-        except FileNotFoundError:
+        except OSError:
             return []
         self._offset += len(chunk)
         *lines, self._partial = (self._partial + chunk).split(b"\n")

@@ -27,7 +27,10 @@ from shared.events import (
     WorkspaceFile,
 )
 from shared.logs import get_logger
+from shared.runner import Runner
 from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.sandbox import Sandbox
+from shared.stage_runner import make_runner
 
 log = get_logger("ftbus.trainer")
 
@@ -93,6 +96,13 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
             timeout_s=timeout,
             log_path=log_path,
             tail_chars=settings.log_tail_chars,
+            # The base model and the raw datasets, read-only; the workspace is the working folder.
+            sandbox=Sandbox.reading(
+                prepared.model_path,
+                prepared.dataset_dir,
+                *(settings.assets / "datasets" / name for name in event.context.task.involving_datasets),
+                gpus=True,
+            ),
         )
     finally:
         stop_following.set()
@@ -139,5 +149,6 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
     return uploaded
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
-    await StageWorker(bus, Stage.train, handle, (DataResult,), concurrency=concurrency).run(stop)
+async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, runner: Runner | None = None) -> None:
+    runner = runner or make_runner(bus.settings, Stage.train.value)
+    await StageWorker(bus, Stage.train, handle, (DataResult,), concurrency=concurrency, runner=runner).run(stop)

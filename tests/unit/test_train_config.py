@@ -144,11 +144,18 @@ def test_model_paths(assets: Path, workspace: Path, tmp_path: Path) -> None:
     # The reference's constant path maps onto this worker's assets.
     mapped = prepare("model_name_or_path: /assets/models/tiny-model\n" + tail, assets, workspace)
     assert mapped.model_path == (assets / "models" / "tiny-model").absolute()
+    installed = (assets / "models" / "tiny-model").absolute()
+    absolute = prepare(f"model_name_or_path: {installed}\n" + tail, assets, workspace)
+    assert absolute.model_path == installed
+    assert yaml.safe_load(absolute.yaml_text)["model_name_or_path"] == str(installed)
+    # A model folder that is not installed (elsewhere on the worker, or in the candidate's own
+    # workspace, where its code would run with trust_remote_code) is refused.
     elsewhere = tmp_path / "elsewhere" / "my-model"
     elsewhere.mkdir(parents=True)
-    absolute = prepare(f"model_name_or_path: {elsewhere}\n" + tail, assets, workspace)
-    assert absolute.model_path == elsewhere
-    assert yaml.safe_load(absolute.yaml_text)["model_name_or_path"] == str(elsewhere)
+    (workspace / "my-model").mkdir()
+    for path in (elsewhere, workspace / "my-model"):
+        message = error_of(f"model_name_or_path: {path}\n" + tail, assets, workspace)
+        assert "is not an installed model" in message and "tiny-model" in message
 
 
 def test_custom_dataset_dir_is_kept_and_checked(assets: Path, workspace: Path) -> None:
@@ -240,3 +247,44 @@ def test_online_datasets_and_escaping_dataset_dir(assets: Path, workspace: Path)
     base = "model_name_or_path: tiny-model\ndataset: processed_data\n"
     assert "Hugging Face Hub" in error_of(base + "dataset_dir: ONLINE\n", assets, workspace)
     assert "leaves the workspace" in error_of(base + "dataset_dir: ../other\n", assets, workspace)
+
+
+def test_nothing_loads_from_outside_the_workspace_or_runs_a_script(assets: Path, workspace: Path, tmp_path: Path) -> None:
+    """Fields that would make LlamaFactory read host files or run candidate code are refused, each
+    with the reason."""
+    base = "model_name_or_path: tiny-model\ndataset: processed_data\n"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "dataset_info.json").write_text('{"processed_data": {"file_name": "x.json"}}')
+    cases = {
+        f"dataset_dir: {outside}\n": "is neither inside the workspace nor an installed dataset",
+        "deepspeed: /etc/ds.json\n": "deepspeed '/etc/ds.json' must be a path inside the workspace",
+        "adapter_name_or_path: ../other\n": "adapter_name_or_path '../other' must be a path inside the workspace",
+        "cache_dir: /root\n": "cache_dir '/root' must be a path inside the workspace",
+        f"ref_model: {outside}\n": "is not an installed model",
+    }
+    for extra, expected in cases.items():
+        assert expected in error_of(base + extra, assets, workspace), extra
+    # Inside the workspace, the same keys are fine.
+    prepare(base + "deepspeed: ds.json\nadapter_name_or_path: init_adapter\n", assets, workspace)
+
+    def info(entry: str) -> None:
+        (workspace / "dataset_info.json").write_text('{"processed_data": %s}' % entry)
+
+    for entry, expected in {
+        '{"hf_hub_url": "org/data"}': "uses hf_hub_url",
+        '{"script_url": "loader"}': "uses script_url",
+        '{"file_name": "../../assets/benchmarks/x/test.jsonl"}': "leaves the dataset folder",
+        '{"file_name": "/etc/passwd"}': "leaves the dataset folder",
+        '{"file_name": "load.py"}': "is a loading script",
+        '"data.json"': "must be an object with a file_name",
+    }.items():
+        info(entry)
+        assert expected in error_of(base, assets, workspace), entry
+    (workspace / "loader").mkdir()
+    (workspace / "loader" / "loader.py").write_text("import os\n")
+    info('{"file_name": "loader"}')
+    assert "is a loading script" in error_of(base, assets, workspace)
+    (workspace / "linked").symlink_to(outside)
+    info('{"file_name": "linked/x.json"}')
+    assert "leaves the dataset folder" in error_of(base, assets, workspace)

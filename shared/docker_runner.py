@@ -1,0 +1,415 @@
+"""The container runner: each run of candidate code in its own Docker container (docs/sandbox.md).
+
+Written with the docker SDK (blocking calls, each in a thread). Inside the container:
+
+- **mounts**: the run's working folder read-write and the stage's :class:`Sandbox` paths
+  read-only, each at the same path as on the host, so argv, environment and the files a stage
+  wrote (train.yaml, lm-eval task files) need no translation; nothing else of the host;
+- **network**: none, or only the LLM gateway: its Unix socket is mounted and ``socat`` inside the
+  container listens on 127.0.0.1 for it (the container has no route anywhere else);
+- **isolation**: its own PID namespace with docker's init as PID 1, a non-root user, a read-only
+  root filesystem with a size-limited tmpfs ``/tmp``, every capability dropped,
+  ``no-new-privileges``, and only the environment the stage gives (never the worker's);
+- **limits**: memory (no swap beyond it), CPUs, pids and /dev/shm from settings; an OOM kill comes
+  back as exit 137 with ``oom_killed`` set;
+- **lifecycle**: output streams into the stage log as it is printed; a timeout or a cancel kills
+  the container (exit 124 / 130); the container is removed after every run; containers are
+  labelled with request id, stage and owning worker, and a worker starting on a host removes those
+  whose owner died (:func:`reap_containers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import DeviceRequest, LogConfig, Mount
+
+from shared.logs import get_logger
+from shared.runner import (
+    EXIT_CANCELLED,
+    EXIT_OOM_KILLED,
+    EXIT_TIMEOUT,
+    LineCallback,
+    RunOutput,
+    RunResult,
+)
+from shared.sandbox import Sandbox, SandboxUnavailable, host_identity, owner_alive
+
+log = get_logger("ftbus.sandbox")
+
+LABEL_OWNER = "ftbus.owner"
+LABEL_REQUEST = "ftbus.request_id"
+LABEL_STAGE = "ftbus.stage"
+#: The sandbox user when the worker runs as root (the image's ``ftbus`` user).
+SANDBOX_UID = 1000
+#: What every container gets, whatever the stage: caches and HOME on the tmpfs.
+BASE_ENV = {
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "HF_HOME": "/tmp/hf",
+    "MPLCONFIGDIR": "/tmp/matplotlib",
+    "XDG_CACHE_HOME": "/tmp/cache",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+_GATEWAY_SOCKET_IN_CONTAINER = "/run/ftbus-llm/llm.sock"
+
+
+def engine_client(timeout_s: float = 10.0) -> docker.DockerClient:
+    """A client of the engine named by DOCKER_HOST (default: the local socket), checked with a ping."""
+    try:
+        client = docker.from_env(timeout=int(max(timeout_s, 1)))
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise SandboxUnavailable(
+            f"no Docker engine is reachable ({exc}); start one (`make docker`, or "
+            "deploy/sandbox/engine.sh), or set FTBUS_SANDBOX=local for development without isolation"
+        ) from None
+    return client
+
+
+def parse_size(text: str) -> int:
+    """``512m``, ``8g``, ``1073741824`` -> bytes (docker's units: b, k, m, g)."""
+    value = text.strip().lower()
+    units = {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+    if value and value[-1] in units:
+        return int(float(value[:-1]) * units[value[-1]])
+    return int(value)
+
+
+def gpu_request(spec: str | None) -> list[DeviceRequest]:
+    """GPUs for a container: ``None``/``""`` none; ``all``; a count (``2``); device ids (``0,1``).
+
+    ``None`` also looks at ``CUDA_VISIBLE_DEVICES`` (the ids the worker was given), then at the
+    presence of an NVIDIA device (all of them)."""
+    if spec is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        if visible and visible != "-1":
+            spec = visible
+        elif Path("/dev/nvidia0").exists():
+            spec = "all"
+        else:
+            return []
+    spec = spec.strip()
+    if not spec or spec == "none":
+        return []
+    if spec == "all":
+        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    if spec.isdigit():
+        return [DeviceRequest(count=int(spec), capabilities=[["gpu"]])]
+    return [DeviceRequest(device_ids=[d.strip() for d in spec.split(",") if d.strip()], capabilities=[["gpu"]])]
+
+
+class DockerRunner:
+    """Runs each command in a fresh container of ``image`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        image: str,
+        *,
+        stage: str,
+        memory: str = "8g",
+        cpus: float = 0.0,
+        pids: int = 4096,
+        shm: str = "1g",
+        tmp_size: str = "2g",
+        gpus: str | None = None,
+        user: str | None = None,
+        kill_grace_s: float = 5.0,
+        max_line_chars: int = 64 * 1024,
+        client: docker.DockerClient | None = None,
+    ) -> None:
+        self.image = image
+        self.stage = stage
+        self.memory = parse_size(memory)
+        self.cpus = cpus if cpus > 0 else float(os.cpu_count() or 1)
+        self.pids = pids
+        self.shm = parse_size(shm)
+        self.tmp_size = parse_size(tmp_size)
+        self.gpus = gpus
+        self.user = user or (f"{SANDBOX_UID}:{SANDBOX_UID}" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}")
+        self.kill_grace_s = kill_grace_s
+        self.max_line_chars = max_line_chars
+        self._client = client
+        self.owner = host_identity()
+
+    @property
+    def name(self) -> str:
+        return f"docker:{self.image}"
+
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = engine_client()
+        return self._client
+
+    def check(self) -> None:
+        """Raise :class:`SandboxUnavailable` unless the engine answers and the image exists."""
+        client = self.client()
+        try:
+            client.images.get(self.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxUnavailable(
+                f"the sandbox image {self.image} does not exist on this engine: build it with "
+                "`make sandbox` (deploy/sandbox/build.sh), or set FTBUS_SANDBOX_IMAGE to an image that has "
+                "the toolchain on PATH (deploy/docker/)"
+            ) from None
+
+    # ------------------------------------------------------------------ one run
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float,
+        log_path: Path,
+        on_line: LineCallback | None = None,
+        tail_chars: int = 20000,
+        sandbox: Sandbox | None = None,
+        cancel: asyncio.Event | None = None,
+        request_id: str = "",
+    ) -> RunResult:
+        if not argv:
+            raise ValueError("argv is empty: nothing to run")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        cwd = Path(cwd).absolute()
+        if not cwd.is_dir():
+            raise NotADirectoryError(f"working directory {cwd} does not exist")
+        sandbox = sandbox or Sandbox()
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._hand_over, cwd)
+        spec = self._container_spec(list(argv), cwd, dict(env or {}), sandbox, request_id)
+
+        log_file = await asyncio.to_thread(log_path.open, "wb")
+        output = RunOutput(log_file, on_line, tail_chars, self.max_line_chars)
+        start = time.monotonic()
+        container: Any = None
+        try:
+            container = await asyncio.to_thread(self.client().containers.create, **spec)
+            await asyncio.to_thread(container.start)
+            how, state = await self._supervise(container, output, timeout_s, cancel)
+        except BaseException:
+            # Cancelled (worker stopping, user cancel through task.cancel()) or our own failure:
+            # the container must not outlive the run.
+            if container is not None:
+                await asyncio.shield(asyncio.to_thread(_remove, container))
+            log_file.close()
+            raise
+        await asyncio.to_thread(_remove, container)
+        try:
+            exit_code = int(state.get("ExitCode", -1))
+            oom = bool(state.get("OOMKilled"))
+            if how == "timeout":
+                output.note(f"killed after {timeout_s:g} seconds: the stage timeout")
+                exit_code = EXIT_TIMEOUT
+            elif how == "cancel":
+                output.note("killed on request: the run was cancelled")
+                exit_code = EXIT_CANCELLED
+            elif oom or (exit_code == EXIT_OOM_KILLED and state.get("OOMKilled") is None):
+                oom = True
+                output.note(
+                    f"killed by the kernel: out of memory (the sandbox's limit is {self.memory / 2**30:.2f} GiB; "
+                    "exit code 137)"
+                )
+                exit_code = EXIT_OOM_KILLED
+            return RunResult(
+                exit_code=exit_code,
+                timed_out=how == "timeout",
+                cancelled=how == "cancel",
+                duration_s=round(time.monotonic() - start, 3),
+                timeout_s=timeout_s,
+                log_path=log_path,
+                output_tail=output.tail,
+                oom_killed=oom and how == "exited",
+                sandbox=self.name,
+            )
+        finally:
+            log_file.close()
+
+    async def _supervise(
+        self, container: Any, output: RunOutput, timeout_s: float, cancel: asyncio.Event | None
+    ) -> tuple[str, dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        reader = threading.Thread(
+            target=_stream_logs, args=(container, loop, chunks), name=f"logs-{container.short_id}", daemon=True
+        )
+        reader.start()
+        waiter = asyncio.ensure_future(asyncio.to_thread(_wait, container))
+        deadline = None if math.isinf(timeout_s) else time.monotonic() + timeout_s
+        how = "exited"
+        pump = asyncio.ensure_future(_pump(chunks, output))
+        try:
+            while not waiter.done():
+                if cancel is not None and cancel.is_set():
+                    how = "cancel"
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    how = "timeout"
+                    break
+                if pump.done() and pump.exception() is not None:
+                    pump.result()  # the on_line callback failed
+                await asyncio.wait({waiter}, timeout=0.1)
+            if how != "exited":
+                await asyncio.to_thread(_kill, container)
+            await waiter
+            # The log stream ends when the container stops; give it a moment to deliver the tail.
+            await asyncio.wait({pump}, timeout=10)
+            if not pump.done():
+                pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            state = await asyncio.to_thread(_state, container)
+            return how, state
+        finally:
+            if not pump.done():
+                pump.cancel()
+
+    # ------------------------------------------------------------------ container spec
+
+    def _hand_over(self, folder: Path) -> None:
+        """Let the sandbox user write the working folder (a worker running as root owns it)."""
+        if os.getuid() != 0:
+            return
+        uid, _, gid = self.user.partition(":")
+        uid_n, gid_n = int(uid), int(gid or uid)
+        for root, dirs, files in os.walk(folder):
+            os.chown(root, uid_n, gid_n)
+            for name in dirs + files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chown(os.path.join(root, name), uid_n, gid_n, follow_symlinks=False)
+
+    def _container_spec(
+        self, argv: list[str], cwd: Path, env: dict[str, str], sandbox: Sandbox, request_id: str
+    ) -> dict[str, Any]:
+        mounts = [Mount(target=str(cwd), source=str(cwd.resolve()), type="bind", read_only=False)]
+        seen = {str(cwd)}
+        for mount in sandbox.mounts:
+            path = Path(mount.path).absolute()
+            if not path.exists():
+                continue  # nothing to show; the run reports the missing file itself
+            for target in dict.fromkeys([str(path), str(path.resolve())]):
+                if target not in seen:
+                    seen.add(target)
+                    mounts.append(Mount(target=target, source=str(path.resolve()), type="bind",
+                                        read_only=mount.read_only))
+        command = argv
+        if sandbox.llm_socket is not None:
+            mounts.append(Mount(target=str(Path(_GATEWAY_SOCKET_IN_CONTAINER).parent),
+                                source=str(Path(sandbox.llm_socket).parent.resolve()), type="bind", read_only=True))
+            command = gateway_command(argv, sandbox.llm_port)
+        container_env = {**BASE_ENV, **env}
+        return {
+            "image": self.image,
+            "command": command,
+            "working_dir": str(cwd),
+            "user": self.user,
+            "environment": container_env,
+            "network_mode": "none",
+            "mounts": mounts,
+            "read_only": True,
+            "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmp_size},mode=1777"},
+            "mem_limit": self.memory,
+            "memswap_limit": self.memory,
+            "nano_cpus": int(self.cpus * 1e9),
+            "pids_limit": self.pids,
+            "shm_size": self.shm,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "init": True,
+            "ipc_mode": "private",
+            "device_requests": gpu_request(self.gpus) if sandbox.gpus else [],
+            "labels": {LABEL_OWNER: self.owner, LABEL_REQUEST: request_id, LABEL_STAGE: self.stage},
+            # The stage log is the record; docker's own copy is bounded so a chatty run cannot fill its disk.
+            "log_config": LogConfig(type="json-file", config={"max-size": "20m", "max-file": "2"}),
+            "detach": True,
+        }
+
+
+def gateway_command(argv: Sequence[str], port: int) -> list[str]:
+    """``argv`` behind a forwarder: 127.0.0.1:port inside the container -> the gateway's socket.
+
+    The forwarder is started first and waited for (its listening socket shows in /proc/net/tcp),
+    so the candidate's first call cannot race it."""
+    port_hex = f"{port:04X}"
+    script = (
+        f"socat TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr UNIX-CONNECT:{_GATEWAY_SOCKET_IN_CONTAINER} "
+        "2>/dev/null & "
+        f'i=0; while ! grep -q ":{port_hex} 00000000:0000 0A" /proc/net/tcp 2>/dev/null && [ $i -lt 200 ]; '
+        'do i=$((i+1)); sleep 0.01; done; exec "$@"'
+    )
+    return ["/bin/sh", "-c", script, "ftbus-sandbox", *argv]
+
+
+# ------------------------------------------------------------------ blocking helpers (threads)
+
+
+def _stream_logs(container: Any, loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue[bytes | None]) -> None:
+    try:
+        stream: Iterator[bytes] = container.logs(stream=True, follow=True, stdout=True, stderr=True)
+        for chunk in stream:
+            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+    except Exception:  # the container was removed under us: the run is over
+        pass
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
+            loop.call_soon_threadsafe(chunks.put_nowait, None)
+
+
+async def _pump(chunks: asyncio.Queue[bytes | None], output: RunOutput) -> None:
+    while (chunk := await chunks.get()) is not None:
+        await output.feed(chunk)
+    await output.finish()
+
+
+def _wait(container: Any) -> dict[str, Any]:
+    while True:
+        try:
+            return container.wait()
+        except Exception as exc:  # the wait call's own HTTP timeout: the run goes on
+            if "timed out" in str(exc).lower() or "timeout" in type(exc).__name__.lower():
+                continue
+            raise
+
+
+def _kill(container: Any) -> None:
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.kill()
+
+
+def _state(container: Any) -> dict[str, Any]:
+    container.reload()
+    return dict(container.attrs.get("State", {}))
+
+
+def _remove(container: Any) -> None:
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.remove(force=True)
+
+
+def reap_containers(client: docker.DockerClient) -> list[str]:
+    """Remove sandbox containers whose worker on this host died (SIGKILL, OOM) without removing them.
+
+    Called when a worker starts, like :func:`shared.runner.reap_orphans` for local processes.
+    Returns the names of the containers removed."""
+    removed: list[str] = []
+    for container in client.containers.list(all=True, filters={"label": LABEL_OWNER}):
+        owner = container.labels.get(LABEL_OWNER, "")
+        if owner_alive(owner):
+            continue
+        _remove(container)
+        removed.append(container.name)
+    return removed

@@ -1,0 +1,95 @@
+"""What a run of candidate code may see, and which runner gives it that (docs/sandbox.md).
+
+A stage describes, per run, the host paths the candidate's process needs besides its working
+folder (:class:`Sandbox`); the runner decides how much of that description it can enforce:
+
+- ``docker`` (:class:`shared.docker_runner.DockerRunner`): a container per run that sees only its
+  working folder (read-write) and the listed paths (read-only), each at the same path as on the
+  host, with no network (or only the LLM gateway's socket), no bus credentials, a non-root user, a
+  read-only root filesystem and resource limits. The default whenever an engine is reachable.
+- ``local`` (:class:`shared.runner.LocalRunner`): a subprocess of the worker. No isolation at all;
+  for development on a machine without an engine, and only when chosen explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.logs import get_logger
+
+log = get_logger("ftbus.sandbox")
+
+
+class SandboxMount(BaseModel):
+    """A host path made visible inside the sandbox at the same path."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    read_only: bool = True
+
+
+class Sandbox(BaseModel):
+    """What one run may reach beyond its working folder (which is always mounted read-write)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mounts: tuple[SandboxMount, ...] = ()
+    #: Give the run the worker's GPUs (training and benchmarks; never data processing).
+    gpus: bool = False
+    #: A Unix socket of the LLM gateway: the only address the run can reach, as 127.0.0.1:llm_port.
+    llm_socket: Path | None = None
+    llm_port: int = Field(default=8080, ge=1, le=65535)
+
+    @classmethod
+    def reading(cls, *paths: Path | None, gpus: bool = False, llm_socket: Path | None = None) -> Sandbox:
+        """A sandbox that may read ``paths`` (``None`` entries skipped, duplicates dropped)."""
+        seen: dict[Path, SandboxMount] = {}
+        for path in paths:
+            if path is not None:
+                seen.setdefault(Path(path), SandboxMount(path=Path(path)))
+        return cls(mounts=tuple(seen.values()), gpus=gpus, llm_socket=llm_socket)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The configured sandbox cannot run here; the message says what to do."""
+
+
+LOCAL_WARNING = (
+    "SANDBOX DISABLED (sandbox=local): candidate code runs as this worker's user, with its network, "
+    "its files and its environment. A hostile candidate can read the bus credentials, publish its own "
+    "verdict and read the hidden test split. Use only for development; set FTBUS_SANDBOX=docker in "
+    "any shared deployment."
+)
+
+
+def host_identity() -> str:
+    """This worker process, as recorded on the containers it starts: ``host:pid:start-time``.
+
+    The start time (clock ticks since boot, from /proc) tells a live owner from a reused pid.
+    """
+    pid = os.getpid()
+    try:
+        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "?"
+    return f"{socket.gethostname()}:{pid}:{started}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the worker named by :func:`host_identity`'s string still runs (on this host)."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return True  # another host's worker: not ours to judge
+    if not pid_text.isdigit():
+        return False
+    try:
+        fields = Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] not in {"Z", "X"} and fields[19] == started
