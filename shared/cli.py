@@ -209,11 +209,12 @@ def submit(
         from shared.artifacts import ArtifactError
         from shared.client import FtbusClient
         from shared.paths import UnsafePath
+        from shared.taskcheck import UnknownAsset
 
         async with await FtbusClient.connect(settings) as client:
             try:
                 rid = await client.submit(workspace, task, timeouts)
-            except (FileNotFoundError, UnsafePath, ArtifactError) as exc:
+            except (FileNotFoundError, UnsafePath, ArtifactError, UnknownAsset) as exc:
                 err.print(f"[red]error:[/] {exc}")
                 return 2
             if not wait:

@@ -35,6 +35,7 @@ from shared.events import (
 from shared.records import RequestStatusView
 from shared.settings import Settings
 from shared.subjects import msg_id
+from shared.taskcheck import assets_visible, check_task
 
 ProgressCallback = Callable[[Progress], Awaitable[None] | None]
 
@@ -81,6 +82,8 @@ class FtbusClient:
     ) -> str:
         if not workspace.is_dir():
             raise FileNotFoundError(f"workspace {workspace} is not a folder")
+        if assets_visible(self.bus.settings.assets):
+            check_task(task, self.bus.settings.assets)  # UnknownAsset, with the known names
         rid = request_id or new_request_id()
         settings = self.bus.settings
         files = await upload_dir(

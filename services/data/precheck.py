@@ -6,6 +6,7 @@ from pathlib import Path
 
 from shared.events import RequestContext
 from shared.paths import UnsafePath, validate_relative_path
+from shared.taskcheck import task_problem
 
 REQUIRED_FILES = ("train.yaml", "process_data.py")
 
@@ -28,16 +29,5 @@ def precheck(context: RequestContext, assets_dir: Path, *, max_bytes: int, max_f
     for required in REQUIRED_FILES:
         if required not in present:
             return f"{required} is missing from the workspace root: add it and resubmit"
-    datasets_dir = assets_dir / "datasets"
-    for name in context.task.involving_datasets:
-        try:
-            validate_relative_path(name)
-        except UnsafePath as exc:
-            return f"declared dataset {name!r} is not a plain name: {exc}"
-        if not (datasets_dir / name).is_dir():
-            known = sorted(p.name for p in datasets_dir.iterdir()) if datasets_dir.is_dir() else []
-            return (
-                f"declared dataset {name!r} is not under {datasets_dir}; "
-                f"available: {', '.join(known) or 'none'}"
-            )
-    return None
+    # An unknown model, benchmark or dataset: refused now, not after hours of training.
+    return task_problem(context.task, assets_dir)
