@@ -6,7 +6,7 @@ TOOLCHAIN := .toolchain
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install toolchain docker sandbox sandbox-for-tests opencompass assets demo test test-unit test-integration test-e2e bench lint up clean
+.PHONY: install toolchain docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean
 
 install: $(STAMP)
 
@@ -35,6 +35,16 @@ sandbox-for-tests: toolchain
 	@if bash deploy/sandbox/engine.sh; then bash deploy/sandbox/build.sh $(TOOLCHAIN); \
 	else echo "[make] no Docker engine here: the sandbox and docker e2e tests will be skipped, saying why"; fi
 
+# A real browser for the dashboard's page tests: Debian's Chromium, driven by Playwright (a dev
+# extra of pyproject.toml). Playwright's own `playwright install` downloads a browser build, which
+# cannot work offline. Where Chromium cannot be installed, those tests are skipped, saying why.
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)) \
+	  || echo "[make] chromium could not be installed: the dashboard's browser tests will be skipped, saying why"; \
+	else echo "[make] no chromium, and no root apt-get to install it: the dashboard's browser tests will be skipped"; fi
+
 # Optional: the OpenCompass backend (FTBUS_BENCH_BACKEND=opencompass), in an environment of its own.
 # Not part of `make test`; its e2e tests run when it exists and are skipped, saying why, when not.
 opencompass:
@@ -46,13 +56,13 @@ assets: install toolchain
 demo: install toolchain sandbox
 	$(BIN)/python -m shared.demo
 
-test: install toolchain sandbox-for-tests
+test: install toolchain sandbox-for-tests browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install
+test-integration: install browser
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 test-e2e: install toolchain sandbox-for-tests

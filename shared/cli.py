@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -137,7 +137,12 @@ def up(
             bus = await Bus.connect(settings, name="ftbus-up", url=url)
             try:
                 await bus.ensure_topology()
-                await run_services(bus, list(Stage), concurrency, stop)
+                dashboard = await _up_dashboard(settings, url)
+                try:
+                    await run_services(bus, list(Stage), concurrency, stop)
+                finally:
+                    if dashboard is not None:
+                        await dashboard.stop()
             finally:
                 await bus.close()
         finally:
@@ -349,6 +354,59 @@ def watch(
         return 0
 
     _run(main())
+
+
+# ---------------------------------------------------------------------- dashboard
+
+if TYPE_CHECKING:
+    from ftbus.dashboard.app import DashboardServer
+
+
+@app.command()
+def dashboard(
+    host: Annotated[str | None, typer.Option(help="Address to serve on (default: dashboard_host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: dashboard_port; 0 = any free port).")] = None,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Serve the read-only web dashboard: stage queues, requests, loss curves, scores, leaderboard."""
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from ftbus.dashboard.app import DashboardServer
+
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        server = DashboardServer(settings, host=host, port=port)
+        url = await server.start()
+        err.print(f"dashboard: {url}", highlight=False, soft_wrap=True)
+        err.print("Ctrl-C stops it.")
+        try:
+            serving = asyncio.create_task(server.wait())
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+        finally:
+            await server.stop()
+        return 0
+
+    _run(main())
+
+
+async def _up_dashboard(settings: Settings, nats_url: str) -> DashboardServer | None:
+    """`ftbus up`'s dashboard, if enabled; a dashboard that cannot start never stops the services."""
+    if not settings.dashboard_in_up:
+        return None
+    try:
+        from ftbus.dashboard.app import DashboardServer
+
+        server = DashboardServer(settings, nats_url)
+        url = await server.start(fallback_port=True)
+    except Exception as exc:
+        err.print(f"[yellow]warning:[/] dashboard not started: {type(exc).__name__}: {exc}")
+        return None
+    err.print(f"dashboard: {url}", highlight=False, soft_wrap=True)
+    return server
 
 
 # ---------------------------------------------------------------------- assets

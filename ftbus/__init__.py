@@ -1,0 +1,1 @@
+"""ftbus: evaluate LLM fine-tuning candidates over NATS JetStream."""

@@ -1,0 +1,413 @@
+"""The dashboard in a real headless browser (Playwright driving Debian's Chromium), against a
+running pipeline on the stand-in tools and a real nats-server.
+
+The dashboard runs as users run it: `ftbus dashboard` in a subprocess, with its own NATS
+connection. Screenshots of each page go to a folder printed at the end of the run
+(FTBUS_SCREENSHOT_DIR overrides it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.embedded import EmbeddedServer, free_port
+from shared.events import Report, Stage, TaskSpec
+from shared.settings import Settings
+from tests.integration.conftest import Pipeline, write_workspace
+
+REPO = Path(__file__).resolve().parents[2]
+FTBUS = [sys.executable, "-m", "shared.cli"]
+TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="double numbers")
+CHROMIUM = os.environ.get("FTBUS_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+STAGES = ["data", "train", "bench", "judge", "aggregate"]
+WAIT_MS = 90_000
+
+
+def _browser_missing() -> str | None:
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (make install)"
+    if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)):
+        return f"no Chromium at {CHROMIUM} (make browser: apt-get install -y chromium)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_browser_missing() is not None, reason=str(_browser_missing()))
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+class Env:
+    def __init__(self, server: EmbeddedServer, settings: Settings, pipeline: Pipeline, url: str, shots: Path,
+                 tmp: Path) -> None:
+        self.server = server
+        self.settings = settings
+        self.pipeline = pipeline
+        self.url = url.rstrip("/")
+        self.shots = shots
+        self.tmp = tmp
+
+    async def submit(self, name: str, **train: Any) -> str:
+        ws = write_workspace(self.tmp / f"ws-{name}-{secrets.token_hex(3)}", train=train or None)
+        assert self.pipeline.client is not None
+        return await self.pipeline.client.submit(ws, TASK)
+
+    async def verdict(self, rid: str) -> Any:
+        assert self.pipeline.client is not None
+        return await self.pipeline.client.wait(rid, timeout_s=180)
+
+    async def report(self, rid: str) -> Report:
+        assert self.pipeline.client is not None
+        report = await self.pipeline.client.wait(rid, timeout_s=120, report=True)
+        assert isinstance(report, Report)
+        return report
+
+
+@pytest.fixture(scope="module")
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
+    chosen = os.environ.get("FTBUS_SCREENSHOT_DIR")
+    folder = Path(chosen) if chosen else tmp_path_factory.mktemp("dashboard-screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    yield folder
+    shots = sorted(p.name for p in folder.glob("*.png"))
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and shots:
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.write_line(f"\ndashboard screenshots ({len(shots)}) in {folder}: {', '.join(shots)}")
+
+
+def _start_dashboard(settings: Settings, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        "FTBUS_HOME": str(settings.home),
+        "FTBUS_NATS_URL": str(settings.nats_url),
+        "FTBUS_SUBJECT_PREFIX": settings.subject_prefix,
+        "FTBUS_DASHBOARD_POLL_S": "0.5",
+        "FTBUS_LOG_FORMAT": "json",
+        "FTBUS_LOG_LEVEL": "INFO",
+    }
+    log = log_path.open("wb")
+    proc = subprocess.Popen([*FTBUS, "dashboard", "--port", "0"], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        match = re.search(r"dashboard: (http://\S+)", log_path.read_text(errors="replace"))
+        if match:
+            return proc, match.group(1)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"`ftbus dashboard` printed no URL:\n{log_path.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+async def env(tmp_path_factory: pytest.TempPathFactory, standin_bin: Path, assets_dir: Path,
+              screenshot_dir: Path) -> AsyncIterator[Env]:
+    tmp = tmp_path_factory.mktemp("dashboard")
+    # A server of this module's own, on a fixed port: the reconnect test restarts it.
+    server = EmbeddedServer(tmp / "store", port=free_port(), log_file=tmp / "nats.log")
+    server.start()
+    settings = Settings(
+        home=tmp / "home", assets_dir=assets_dir, nats_url=server.url, subject_prefix="d" + secrets.token_hex(4),
+        toolchain_bin=standin_bin, ack_wait_s=4.0, heartbeat_s=1.0, max_deliver=3, retry_backoff_s=[0.2, 0.5],
+        sweep_interval_s=1.0, log_format="console", log_level="WARNING",
+    )
+    pipeline = Pipeline(settings)
+    await pipeline.start()
+    proc, url = await asyncio.to_thread(_start_dashboard, settings, tmp / "dashboard.log")
+    try:
+        yield Env(server, settings, pipeline, url, screenshot_dir, tmp)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        await pipeline.stop()
+        server.stop()
+    # Ctrl-C stops it cleanly (and it stopped at all).
+    assert proc.returncode == 0, (tmp / "dashboard.log").read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+async def page(browser: Any) -> AsyncIterator[Any]:
+    context = await browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = await context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Offline: the pages must load nothing from outside the dashboard.
+    outside: list[str] = []
+    pg.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("http://127.0.0.1", "data:")) else None)
+    try:
+        yield pg
+    finally:
+        await context.close()
+    assert not errors, f"script errors on the page: {errors}"
+    assert not outside, f"the page fetched from outside: {outside}"
+
+
+async def _text(page: Any, selector: str) -> str:
+    return (await page.text_content(selector) or "").strip()
+
+
+async def _rows(page: Any, selector: str) -> list[str]:
+    return await page.eval_on_selector_all(selector, "rows => rows.map(r => r.dataset.requestId)")
+
+
+# ---------------------------------------------------------------------- tests
+
+
+async def test_overview_shows_stage_cards_requests_and_dead_letters(env: Env, page: Any) -> None:
+    rid = await env.submit("overview")
+    verdict = await env.verdict(rid)
+    assert verdict.status == "completed", verdict.execution
+    # An undecodable request: the data stage dead-letters it.
+    assert env.pipeline.bus is not None
+    await env.pipeline.bus.js.publish(env.pipeline.bus.subjects.eval_requested, b"not an event")
+
+    await page.goto(env.url + "/")
+    await page.wait_for_function("document.querySelectorAll('#stages .card').length === 5", timeout=WAIT_MS)
+    assert await page.eval_on_selector_all("#stages .card", "cs => cs.map(c => c.dataset.stage)") == STAGES
+    # Every stage has its worker bound (idle workers wait in a pull request on the server).
+    await page.wait_for_function(
+        "[...document.querySelectorAll('#stages .card [data-key=workers] .v')].every(v => +v.textContent >= 1)",
+        timeout=WAIT_MS)
+    for stage in STAGES:
+        for key in ("pending", "in_flight", "redeliveries", "workers"):
+            assert re.fullmatch(r"\d+", await _text(page, f".card[data-stage={stage}] [data-key={key}] .v"))
+    row = f"#requests tr[data-request-id='{rid}']"
+    await page.wait_for_selector(row, timeout=WAIT_MS)
+    assert await page.get_attribute(row, "data-status") == "completed"
+    assert "tiny-arith" in await _text(page, row)
+    await page.wait_for_function("document.getElementById('dlq-count').textContent === '1'", timeout=WAIT_MS)
+    # The stage cards agree with the server's own consumer state.
+    subjects = env.pipeline.bus.subjects
+    info = await env.pipeline.bus.js.consumer_info(subjects.stream_events, subjects.durable(Stage.data))
+    assert info.num_pending == 0
+    assert await _text(page, ".card[data-stage=data] [data-key=pending] .v") == "0"
+    await page.screenshot(path=str(env.shots / "overview.png"), full_page=True)
+
+    await page.click("#dlq")
+    await page.wait_for_selector("#dead-letters tbody tr", timeout=WAIT_MS)
+    text = await _text(page, "#dead-letters tbody")
+    assert "eval.requested" in text and "data" in text
+    await page.screenshot(path=str(env.shots / "dead-letters.png"), full_page=True)
+
+
+async def test_request_page_draws_the_loss_curve_live_then_complete(env: Env, page: Any) -> None:
+    steps = 10
+    rid = await env.submit("loss", standin_step_s=0.7, max_steps=steps)
+    await page.goto(f"{env.url}/requests/{rid}")
+    # Live, while training runs: some points, not yet all of them, from the progress events.
+    await page.wait_for_function(
+        f"(() => {{ const d = document.getElementById('loss').dataset;"
+        f" return d.source === 'live' && +d.points >= 2 && +d.points < {steps}; }})()",
+        timeout=WAIT_MS)
+    live_points = int(await page.get_attribute("#loss", "data-points") or 0)
+    assert 2 <= live_points < steps
+    await page.screenshot(path=str(env.shots / "request-training.png"), full_page=True)
+    # The curve grows without a reload.
+    await page.evaluate("window.__samePage = true")
+    await page.wait_for_function(f"+document.getElementById('loss').dataset.points > {live_points}", timeout=WAIT_MS)
+
+    verdict = await env.verdict(rid)
+    assert verdict.status == "completed", verdict.execution
+    report = await env.report(rid)
+    # Complete afterwards, from the loss history: one drawn point per step.
+    await page.wait_for_function("document.getElementById('loss').dataset.source === 'history'", timeout=WAIT_MS)
+    assert await page.evaluate("window.__samePage") is True
+    drawn = await page.eval_on_selector_all("#loss .scatterlayer .trace:first-child path.point", "ps => ps.length")
+    assert drawn == steps == len(verdict.result.training_metrics.loss_history.train)
+    assert await page.evaluate("document.getElementById('loss').data[0].y") == [
+        p.loss for p in verdict.result.training_metrics.loss_history.train]
+
+    await page.wait_for_selector("#validation-table", timeout=WAIT_MS)
+    await page.wait_for_selector("#test-table", timeout=WAIT_MS)
+    await page.wait_for_selector("#logs li[data-log='training.log']", timeout=WAIT_MS)
+    # Validation per subset beside the baseline and the difference, as the verdict says.
+    bench, base = verdict.result.benchmark, verdict.result.baseline
+    for subset, metrics in bench.accuracy_summary.items():
+        cells = await page.eval_on_selector_all(
+            f"#validation-table tbody tr[data-subset='{subset}'] td", "tds => tds.map(t => t.textContent)")
+        base_value = base.baseline.accuracy_summary[subset]["exact_match"]
+        assert cells[2:] == [f"{metrics['exact_match']:.4f}", f"{base_value:.4f}",
+                             f"{metrics['exact_match'] - base_value:+.4f}"]
+    # The hidden test split, as the report (read with the dashboard's own user) has it.
+    assert report.benchmark_test is not None
+    for subset, metrics in report.benchmark_test.accuracy_summary.items():
+        assert await _text(page, f"#test-table tr[data-subset='{subset}'] td.num") == f"{metrics['exact_match']:.4f}"
+    # The verdict's four texts, data statistics, error samples, timeline.
+    for field in ("execution", "return_checking", "code", "raw_execution"):
+        assert await _text(page, f"#feedback details[data-field={field}] pre") == getattr(verdict, field).strip()
+    assert "40 samples" in await _text(page, "#data")
+    assert await page.eval_on_selector_all("#errors tbody tr", "rs => rs.length") == len(bench.error_samples) > 0
+    stages = await page.eval_on_selector_all("#timeline tbody tr",
+                                             "rs => rs.map(r => [r.dataset.stage, r.dataset.attempts])")
+    assert [s for s, _ in stages][:4] == ["data", "train", "bench", "judge"]
+    view = await env.pipeline.client.status(rid)
+    assert view is not None
+    assert stages == [[name, str(t.attempts)] for name, t in sorted(
+        view.stages.items(), key=lambda kv: STAGES.index(kv[0]) if kv[0] in STAGES else 99)]
+    # Stage logs open, the test split's from the private store.
+    log = await page.request.get(f"{env.url}/requests/{rid}/logs/training.log")
+    assert log.ok and "Running training" in await log.text()
+    test_log = await page.request.get(f"{env.url}/requests/{rid}/logs/benchmark-test.log")
+    assert test_log.ok
+    assert (await page.request.get(f"{env.url}/requests/{rid}/logs/..%2F..%2Fetc%2Fpasswd")).status == 404
+    # Read-only: no route accepts anything but GET.
+    for path in ("/api/overview", f"/api/requests/{rid}", f"/requests/{rid}", "/leaderboard.csv"):
+        assert (await page.request.post(env.url + path, data="{}")).status == 405
+    await page.screenshot(path=str(env.shots / "request.png"), full_page=True)
+
+
+async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, page: Any) -> None:
+    # Three candidates that score differently on validation (the stand-in answers every k-th item).
+    weak, best, middle = await asyncio.gather(
+        env.submit("weak", standin_accuracy_every=3),
+        env.submit("best", standin_accuracy_every=1),
+        env.submit("middle", standin_accuracy_every=2),
+    )
+    verdicts = {rid: await env.verdict(rid) for rid in (weak, best, middle)}
+    scores = {rid: v.result.benchmark.primary_value for rid, v in verdicts.items()}
+    assert scores[best] > scores[middle] > scores[weak]
+    reports = {rid: await env.report(rid) for rid in (weak, best, middle)}
+
+    await page.goto(env.url + "/leaderboard")
+    board = "section.board[data-base-model='tiny-standin'][data-benchmark='tiny-arith']"
+    await page.wait_for_function(
+        f"[{json.dumps(weak)}, {json.dumps(best)}, {json.dumps(middle)}].every("
+        f"id => document.querySelector(`{board} tr[data-request-id='${{id}}']`))", timeout=WAIT_MS)
+    order = await _rows(page, f"{board} tbody tr")
+    mine = [rid for rid in order if rid in scores]
+    assert mine == [best, middle, weak]
+    assert order[0] == best  # 1.0 is the highest score there is
+    values = [float(v) for v in await page.eval_on_selector_all(f"{board} td.val", "ts => ts.map(t => t.textContent)")]
+    assert values == sorted(values, reverse=True)
+    ranks = await page.eval_on_selector_all(f"{board} tbody tr", "rs => rs.map(r => +r.dataset.rank)")
+    assert ranks == list(range(1, len(order) + 1))
+    best_cells = await page.eval_on_selector_all(f"{board} tr[data-request-id='{best}'] td",
+                                                 "tds => tds.map(t => t.textContent)")
+    b = verdicts[best].result.baseline
+    assert best_cells[2:6] == [f"{b.candidate_value:.4f}", f"{b.baseline_value:.4f}", f"{b.difference:+.4f}",
+                               f"{reports[best].benchmark_test.primary_value:.4f}"]
+    await page.screenshot(path=str(env.shots / "leaderboard.png"), full_page=True)
+
+    # Exports: the same ranking.
+    rows = list(csv.DictReader(io.StringIO(await (await page.request.get(env.url + "/leaderboard.csv")).text())))
+    assert [r["request_id"] for r in rows if r["benchmark"] == "tiny-arith"] == order
+    assert float(rows[0]["test"]) == pytest.approx(reports[best].benchmark_test.primary_value)
+    exported = json.loads(await (await page.request.get(env.url + "/leaderboard.json")).text())
+    assert [r["request_id"] for r in exported["boards"][0]["rows"]] == order
+    link = await page.get_attribute(f"{board} tr[data-request-id='{best}'] a", "href")
+    assert link == f"/requests/{best}"
+
+
+async def test_a_new_request_appears_without_a_reload(env: Env, page: Any) -> None:
+    await page.goto(env.url + "/")
+    await page.wait_for_function("+document.body.dataset.loaded >= 1", timeout=WAIT_MS)
+    await page.evaluate("window.__samePage = true")
+    rid = await env.submit("new", standin_step_s=0.3, max_steps=6)
+    row = f"#requests tr[data-request-id='{rid}']"
+    await page.wait_for_selector(row, timeout=WAIT_MS)
+    await page.wait_for_selector(f"{row}[data-status='running']", timeout=WAIT_MS)
+    await page.screenshot(path=str(env.shots / "overview-running.png"), full_page=True)
+    await env.verdict(rid)
+    await page.wait_for_selector(f"{row}[data-status='completed']", timeout=WAIT_MS)
+    assert await page.evaluate("window.__samePage") is True
+    assert await page.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+
+async def test_pages_survive_a_nats_restart(env: Env, page: Any) -> None:
+    await page.goto(env.url + "/")
+    await page.wait_for_function("+document.body.dataset.loaded >= 1", timeout=WAIT_MS)
+    await page.evaluate("window.__samePage = true")
+    env.server.stop()
+    await page.wait_for_selector("#conn[data-state=warn]", timeout=WAIT_MS)  # NATS reconnecting
+    env.server.start()
+    await page.wait_for_function(
+        "(c => c.dataset.state === 'ok' && /reconnected/.test(c.textContent))(document.getElementById('conn'))",
+        timeout=WAIT_MS)
+    rid = await env.submit("after-restart")
+    await page.wait_for_selector(f"#requests tr[data-request-id='{rid}']", timeout=WAIT_MS)
+    verdict = await env.verdict(rid)
+    assert verdict.status == "completed"
+    await page.wait_for_selector(f"#requests tr[data-request-id='{rid}'][data-status='completed']", timeout=WAIT_MS)
+    assert await page.evaluate("window.__samePage") is True
+
+
+def test_ftbus_up_serves_the_dashboard_and_prints_its_url(tmp_path: Path, standin_bin: Path,
+                                                          assets_dir: Path) -> None:
+    home = tmp_path / "home"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        "FTBUS_HOME": str(home), "FTBUS_ASSETS_DIR": str(assets_dir), "FTBUS_TOOLCHAIN_BIN": str(standin_bin),
+        "FTBUS_LOG_FORMAT": "json", "FTBUS_DASHBOARD_PORT": "0",
+        "FTBUS_SANDBOX": os.environ.get("FTBUS_SANDBOX", "local"),  # the stand-in tools run on the host
+    }
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        up = subprocess.Popen([*FTBUS, "up"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        match = None
+        while match is None and time.monotonic() < deadline:
+            assert up.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            match = re.search(r"dashboard: (http://\S+)", log_path.read_text(errors="replace"))
+            time.sleep(0.2)
+        assert match, log_path.read_text(errors="replace")[-3000:]
+        url = match.group(1).rstrip("/")
+        overview = {}
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(url + "/api/overview", timeout=10) as response:
+                overview = json.loads(response.read())
+            if all(s["workers"] >= 1 for s in overview["stages"]):
+                break
+            time.sleep(0.5)
+        assert [s["stage"] for s in overview["stages"]] == STAGES
+        assert all(s["workers"] >= 1 for s in overview["stages"]), overview["stages"]
+        assert overview["connection"]["connected"] is True
+        with urllib.request.urlopen(url + "/", timeout=10) as response:
+            assert b"/static/overview.js" in response.read()
+    finally:
+        up.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            up.wait(timeout=60)
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, log_path.read_text(errors="replace")[-3000:]
+

@@ -1,0 +1,190 @@
+"""The dashboard's views: stage cards, loss curve, request page, leaderboard and its exports."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+from ftbus.dashboard import views
+from ftbus.dashboard.state import Hub, redact
+from shared.events import (
+    BaselineComparison,
+    BenchmarkScores,
+    ErrorSample,
+    EvalLossPoint,
+    LossHistory,
+    Progress,
+    Report,
+    Stage,
+    TaskSpec,
+    TrainingMetrics,
+    TrainLossPoint,
+    Verdict,
+    VerdictResult,
+)
+from shared.records import RequestRecord, StageTiming
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+ROOT = Path(__file__).resolve().parents[2] / "ftbus" / "dashboard"
+
+
+def scores(value: float, subsets: dict[str, float] | None = None, higher: bool = True) -> BenchmarkScores:
+    subsets = subsets or {"a": value}
+    return BenchmarkScores(
+        accuracy_summary={k: {"exact_match": v} for k, v in subsets.items()},
+        primary_metric="exact_match", higher_is_better=higher, primary_value=value,
+        error_samples=[ErrorSample(question="q", gold="1", model_output="2")],
+    )
+
+
+def completed(rid: str, value: float, *, base: float = 0.25, test: float | None = None, minute: int = 0,
+              higher: bool = True, model: str = "m", bench: str = "b", train_s: float = 30.0,
+              loss: list[float] | None = None) -> RequestRecord:
+    result = VerdictResult(
+        benchmark=scores(value, higher=higher),
+        baseline=BaselineComparison(baseline=scores(base, higher=higher), primary_metric="exact_match",
+                                    candidate_value=value, baseline_value=base, difference=value - base),
+        training_metrics=TrainingMetrics.from_history(LossHistory(
+            train=[TrainLossPoint(step=i + 1, loss=v) for i, v in enumerate(loss or [])],
+            eval=[EvalLossPoint(step=len(loss or []), eval_loss=0.5)] if loss else [])),
+    )
+    verdict = Verdict(request_id=rid, status="completed", execution="exec", return_checking="rc", code="code",
+                      raw_execution="raw", final_decision=value > base, result=result)
+    submitted = T0 + timedelta(minutes=minute)
+    return RequestRecord(
+        request_id=rid, status="completed", stage="judge", task=TaskSpec(base_model=model, benchmark=bench),
+        submitted_at=submitted, final_decision=value > base, verdict=verdict,
+        benchmark_test=scores(test) if test is not None else None,
+        stages={"data": StageTiming(started_at=submitted, finished_at=submitted + timedelta(seconds=2), ok=True,
+                                    attempts=1),
+                "train": StageTiming(started_at=submitted + timedelta(seconds=2),
+                                     finished_at=submitted + timedelta(seconds=2 + train_s), ok=True, attempts=2)},
+    )
+
+
+def test_stage_card_reads_consumer_info_and_counts_idle_and_busy_workers() -> None:
+    info = SimpleNamespace(num_pending=7, num_ack_pending=2, num_redelivered=1, num_waiting=3)
+    stats = views.stage_stats_from_info("train", "ftbus-train", info)
+    assert stats.to_json() == {"stage": "train", "consumer": "ftbus-train", "pending": 7, "in_flight": 2,
+                               "redeliveries": 1, "waiting": 3, "workers": 5, "error": None}
+
+
+def test_leaderboard_ranks_by_validation_per_base_model_and_benchmark() -> None:
+    records = [
+        completed("r1", 0.5, test=0.4, minute=1),
+        completed("r2", 0.9, test=0.7, minute=2),
+        completed("r3", 0.7, minute=3),
+        completed("r4", 0.9, minute=4),  # ties with r2: the earlier submission ranks first
+        completed("x1", 0.2, bench="other"),
+        RequestRecord(request_id="running", status="running", task=TaskSpec(base_model="m", benchmark="b")),
+    ]
+    boards = views.leaderboard(records)
+    assert [(b["base_model"], b["benchmark"]) for b in boards] == [("m", "b"), ("m", "other")]
+    rows = boards[0]["rows"]
+    assert [r["request_id"] for r in rows] == ["r2", "r4", "r3", "r1"]
+    assert [r["rank"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["baseline"] == 0.25 and rows[0]["difference"] == 0.9 - 0.25
+    assert rows[0]["test"] == 0.7 and rows[1]["test"] is None
+    assert rows[0]["train_s"] == 30.0
+
+
+def test_leaderboard_lower_is_better_ranks_ascending() -> None:
+    rows = views.leaderboard([completed("a", 3.0, higher=False), completed("b", 1.0, higher=False)])[0]["rows"]
+    assert [r["request_id"] for r in rows] == ["b", "a"]
+
+
+def test_leaderboard_csv_has_every_row_in_rank_order() -> None:
+    boards = views.leaderboard([completed("r1", 0.5, test=0.4), completed("r2", 0.8)])
+    rows = list(csv.DictReader(io.StringIO(views.leaderboard_csv(boards))))
+    assert [r["request_id"] for r in rows] == ["r2", "r1"]
+    assert rows[0]["base_model"] == "m" and rows[0]["benchmark"] == "b" and rows[0]["primary_metric"] == "exact_match"
+    assert float(rows[1]["test"]) == 0.4 and rows[0]["test"] == ""
+    assert list(rows[0]) == list(views.LEADERBOARD_COLUMNS)
+
+
+def test_loss_curve_is_live_from_progress_then_complete_from_history() -> None:
+    record = RequestRecord(request_id="r", status="running", stage="train")
+    buffer = views.LossBuffer()
+    for step, loss in [(2, 1.5), (1, 2.0), (2, 1.5), (3, 1.2)]:
+        buffer.add(Progress(request_id="r", stage=Stage.train, step=step, total=10, loss=loss))
+    assert not buffer.add(Progress(request_id="r", stage=Stage.bench, step=4, loss=1.0))  # not training
+    live = views.loss_curve(record, buffer)
+    assert live["source"] == "live" and live["total"] == 10
+    assert [p["step"] for p in live["train"]] == [1, 2, 3]
+    # The record's own last progress fills a step the dashboard missed.
+    record.progress = Progress(request_id="r", stage=Stage.train, step=4, total=10, loss=1.0)
+    assert [p["step"] for p in views.loss_curve(record, buffer)["train"]] == [1, 2, 3, 4]
+    done = completed("r", 0.5, loss=[2.0, 1.6, 1.3, 1.1, 1.0])
+    history = views.loss_curve(done, buffer)
+    assert history["source"] == "history"
+    assert [p["loss"] for p in history["train"]] == [2.0, 1.6, 1.3, 1.1, 1.0]
+    assert history["eval"] == [{"step": 5, "loss": 0.5}]
+    assert views.loss_curve(RequestRecord(request_id="q"), None)["source"] == "none"
+
+
+def test_request_detail_has_scores_baseline_test_texts_and_timeline() -> None:
+    record = completed("r", 0.75, base=0.25, test=0.6, loss=[1.0, 0.5])
+    report = Report(**record.verdict.model_dump(exclude={"emitted_at", "schema_version"}),
+                    benchmark_test=scores(0.65, {"a": 0.65}))
+    detail = views.request_detail(record, report=report, logs=[{"name": "training.log"}])
+    assert detail["validation"]["rows"] == [
+        {"subset": "a", "metric": "exact_match", "candidate": 0.75, "baseline": 0.25, "difference": 0.5}]
+    assert detail["validation"]["difference"] == 0.5
+    assert detail["test"]["primary_value"] == 0.65  # the report's, read as `ftbus get --report` does
+    assert detail["feedback"] == {"execution": "exec", "return_checking": "rc", "code": "code",
+                                  "raw_execution": "raw"}
+    assert [(t["stage"], t["attempts"], t["duration_s"], t["offset_s"]) for t in detail["timeline"]] == [
+        ("data", 1, 2.0, 0.0), ("train", 2, 30.0, 2.0)]
+    assert detail["error_samples"] == [{"question": "q", "gold": "1", "model_output": "2"}]
+    assert detail["loss"]["source"] == "history" and len(detail["loss"]["train"]) == 2
+    assert detail["logs"] == [{"name": "training.log"}]
+    # The overview never carries test-split data.
+    assert "0.65" not in str(views.overview([record], [], 0, {}, T0)) and "0.6" not in str(
+        views.request_row(record))
+
+
+def test_overview_lists_newest_first_with_counts_and_the_newest_progress() -> None:
+    old, new = completed("old", 0.5, minute=1), RequestRecord(
+        request_id="new", status="running", stage="train", submitted_at=T0 + timedelta(minutes=5),
+        progress=Progress(request_id="new", stage=Stage.train, step=1, total=4, loss=2.0, emitted_at=T0))
+    seen = Progress(request_id="new", stage=Stage.train, step=3, total=4, loss=1.0, emitted_at=T0 + timedelta(1))
+    out = views.overview([old, new], [views.StageStats("data", "ftbus-data", pending=1)], 2,
+                         {"connected": True}, T0, seen={"new": seen})
+    assert [r["request_id"] for r in out["requests"]] == ["new", "old"]
+    assert out["counts"] == {"running": 1, "completed": 1}
+    assert out["dead_letters"] == 2 and out["stages"][0]["pending"] == 1
+    assert out["requests"][0]["progress"]["step"] == 3
+    assert out["requests"][1]["progress"] is None
+
+
+def test_redact_hides_passwords_in_nats_urls() -> None:
+    assert redact("nats://dashboard:s3cret@nats:4222") == "nats://dashboard:***@nats:4222"
+    assert redact("nats://a:4222,nats://u:p@b:4222") == "nats://a:4222,nats://u:***@b:4222"
+
+
+async def test_hub_fans_notices_out_to_every_listener() -> None:
+    hub = Hub()
+    async with hub.listen() as one, hub.listen() as two:
+        hub.publish({"type": "records"})
+        assert await asyncio.wait_for(one.get(), 1) == {"type": "records"}
+        assert await asyncio.wait_for(two.get(), 1) == {"type": "records"}
+        assert hub.listeners == 2
+    assert hub.listeners == 0
+
+
+def test_pages_load_scripts_and_styles_only_from_the_dashboard_itself() -> None:
+    """Offline: no CDN; plotly.js is served from the installed plotly wheel."""
+    from ftbus.dashboard.app import plotly_js
+
+    assert plotly_js().stat().st_size > 1_000_000
+    files = [*ROOT.glob("templates/*.html"), *ROOT.glob("static/*")]
+    assert len(files) >= 9
+    for path in files:
+        text = path.read_text()
+        assert not re.search(r"(src|href)=[\"']?(https?:)?//", text), path
+        assert not re.search(r"https?://", text), path
