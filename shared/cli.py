@@ -129,6 +129,9 @@ def up(
                 settings.home / "nats", url_file=settings.url_file, log_file=settings.home / "nats-server.log"
             )
             url = server.start()
+        from shared.undertaker import start_undertaker
+
+        start_undertaker(server.pid if server else None)  # nothing of ours outlives us, even a kill -9
         err.print(f"ftbus is up: NATS at [bold]{url}[/] (home {settings.home}). Ctrl-C stops it.")
         log.info("ftbus up", nats_url=url, embedded=server is not None)
         stop = asyncio.Event()
@@ -166,6 +169,9 @@ def worker(
     async def main() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
+        from shared.undertaker import start_undertaker
+
+        start_undertaker()  # kills our candidates' processes if this worker is killed
         bus = await Bus.connect(settings, name=f"ftbus-{stage.value}")
         try:
             await bus.ensure_topology()
