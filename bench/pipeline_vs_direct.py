@@ -44,7 +44,7 @@ from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
 console = Console(stderr=True)
-TASK = TaskSpec(base_model="tiny-llama", benchmark="tiny-arith", involving_datasets=["tiny-qa"])
+TASK = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"])
 
 
 def fresh_copy(example: Path, dest: Path) -> Path:

@@ -44,8 +44,9 @@ def _resolve_python(toolchain_python: Path) -> Path:
 
 def build_assets(assets_dir: Path, toolchain_python: Path, *, force: bool = False,
                  timeout_s: float = 600.0) -> None:
-    """Build ``models/tiny-llama``, ``datasets/tiny-qa`` and ``benchmarks/tiny-arith{,-mc}`` under
-    ``assets_dir``. Idempotent: assets already built by the same builder are left alone."""
+    """Build ``models/tiny-llama``, ``datasets/tiny-{qa,reviews}`` and
+    ``benchmarks/tiny-{arith,arith-mc,sentiment}`` under ``assets_dir``. Idempotent: assets already
+    built by the same builder are left alone."""
     python = _resolve_python(Path(toolchain_python))
     argv = [str(python), str(BUILD_SCRIPT), str(Path(assets_dir).resolve())]
     if force:

@@ -1,4 +1,7 @@
-"""Turn the raw tiny-qa records into LlamaFactory alpaca records (data.json in the current folder).
+"""Turn the raw tiny-reviews records into LlamaFactory alpaca records (data.json in the current folder).
+
+The candidate teaches the tiny model to tell positive from negative reviews (the tiny-sentiment
+benchmark): each record is the review question and its one-word answer.
 
 The data stage runs this in the workspace with FTBUS_ASSETS_DIR (the assets root) and
 FT_DATASET_PATH (<assets>/datasets, the reference evaluator's name) set. `--debug` keeps 10 records,
@@ -22,7 +25,7 @@ def dataset_root() -> Path:
 
 
 def main() -> None:
-    raw = dataset_root() / "tiny-qa" / "raw.jsonl"
+    raw = dataset_root() / "tiny-reviews" / "raw.jsonl"
     records = [json.loads(line) for line in raw.read_text(encoding="utf-8").splitlines() if line.strip()]
     if "--debug" in sys.argv[1:]:
         records = records[:10]
@@ -32,8 +35,8 @@ def main() -> None:
         if r["question"].strip() and r["answer"].strip()
     ]
     Path("data.json").write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
-    kinds = sorted({r["kind"] for r in records})
-    print(f"read {len(records)} records from {raw} ({', '.join(kinds)}); wrote {len(data)} to data.json")
+    labels = {label: sum(r["answer"] == label for r in records) for label in sorted({r["answer"] for r in records})}
+    print(f"read {len(records)} records from {raw} ({labels}); wrote {len(data)} to data.json")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ an asset behind):
 
     models/tiny-llama/            LlamaForCausalLM (hidden 64, 2 layers, 4 heads) + tokenizer.json
     datasets/tiny-qa/raw.jsonl    synthetic {id, kind, question, answer} records
+    datasets/tiny-reviews/raw.jsonl   synthetic restaurant and film reviews labelled positive/negative
     benchmarks/tiny-arith/        benchmark.yaml (generate_until, exact_match) + one jsonl per subset
     benchmarks/tiny-arith-mc/     benchmark.yaml (multiple_choice, acc) + one jsonl per subset
+    benchmarks/tiny-sentiment/    benchmark.yaml (generate_until, exact_match): "positive" or "negative"
     benchmarks/README.md          the registry folder format
 """
 
@@ -51,6 +53,7 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
 )
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+LM_HEAD_STD = 0.5
 
 BENCHMARKS_README = """\
 # Benchmark registry
@@ -210,6 +213,64 @@ def dataset_records(exclude_questions: set[str], n: int = 400) -> list[dict[str,
     return rows
 
 
+# ------------------------------------------------------------------ reviews (the demo's task)
+#
+# The random tiny model cannot answer arithmetic after a minute of CPU training, so both it and any
+# candidate score 0 on tiny-arith. Sentiment of a short review is what such a model *can* learn in a
+# minute: the answer is one of two words (the untrained model never produces either), and the label
+# follows from the review's adjectives, whose combinations in the benchmark never occur in training.
+
+POSITIVE = ["delicious", "wonderful", "excellent", "lovely", "superb", "tasty", "friendly", "brilliant",
+            "delightful", "fantastic", "charming", "perfect", "pleasant", "amazing", "marvellous", "great"]
+NEGATIVE = ["awful", "terrible", "horrible", "dreadful", "bland", "rude", "boring", "disgusting",
+            "stale", "nasty", "dull", "soggy", "miserable", "poor", "lousy", "tedious"]
+REVIEW_TEMPLATES = {
+    "food": ["The {noun} was {a} and the staff were {b}.", "What a {a} {noun}, and such {b} service.",
+             "Our {noun} tasted {a}; the waiter was {b}."],
+    "films": ["The {noun} was {a} and the ending {b}.", "A {a} {noun} with {b} acting.",
+              "This {noun} felt {a}, the music {b}."],
+}
+REVIEW_NOUNS = {
+    "food": ["soup", "pizza", "curry", "salad", "burger", "pasta", "dessert", "breakfast", "lunch", "dinner"],
+    "films": ["film", "movie", "thriller", "comedy", "drama", "western", "cartoon", "sequel", "musical", "story"],
+}
+REVIEW_QUESTION = "Review: {text} Is this review positive or negative?"
+
+
+def _review(rng: random.Random, domain: str) -> tuple[str, str]:
+    label = rng.choice(["positive", "negative"])
+    words = POSITIVE if label == "positive" else NEGATIVE
+    a, b = rng.sample(words, 2)
+    text = rng.choice(REVIEW_TEMPLATES[domain]).format(noun=rng.choice(REVIEW_NOUNS[domain]), a=a, b=b)
+    return REVIEW_QUESTION.format(text=text), label
+
+
+def sentiment_items() -> dict[str, list[dict[str, Any]]]:
+    """The tiny-sentiment benchmark: subset -> items, 40 per subset (20 validation, 20 test)."""
+    rng = random.Random(SEED + 2)
+    return {
+        domain: [{"id": f"{domain}-{i:03d}", "question": q, "answer": a}
+                 for i, (q, a) in enumerate(_unique_items(rng, lambda d=domain: _review(rng, d), 40, set()))]
+        for domain in REVIEW_TEMPLATES
+    }
+
+
+def review_records(exclude_questions: set[str], n: int = 600) -> list[dict[str, str]]:
+    """Training reviews for tiny-reviews; benchmark questions are excluded."""
+    rng = random.Random(SEED + 3)
+    rows: list[dict[str, str]] = []
+    seen = set(exclude_questions)
+    domains = list(REVIEW_TEMPLATES)
+    while len(rows) < n:
+        domain = domains[len(rows) % len(domains)]
+        q, a = _review(rng, domain)
+        if q in seen:
+            continue
+        seen.add(q)
+        rows.append({"id": f"rv-{len(rows):04d}", "kind": "sentiment", "domain": domain, "question": q, "answer": a})
+    return rows
+
+
 # ------------------------------------------------------------------ builders
 
 
@@ -254,18 +315,34 @@ def build_tiny_model(dest: Path, corpus: list[str]) -> None:
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
+    # A pretrained model's output layer can make one token far likelier than the rest; a freshly
+    # initialised one (std 0.02) cannot: after the final RMSNorm its logits stay within about +-1.3,
+    # so no amount of LoRA training (which leaves lm_head alone) gets the loss below ~6. A wider
+    # output layer gives the tiny model the dynamic range of a real one.
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, LM_HEAD_STD)
     model.generation_config.pad_token_id = fast.pad_token_id
     model.save_pretrained(dest, safe_serialization=True)
 
 
-def build_dataset(dest: Path, records: list[dict[str, str]]) -> None:
+def build_dataset(dest: Path, records: list[dict[str, str]], readme: str = "") -> None:
     dest.mkdir(parents=True, exist_ok=True)
     _write_jsonl(dest / "raw.jsonl", records)
-    (dest / "README.md").write_text(
+    (dest / "README.md").write_text(readme or (
         "# tiny-qa\n\nSynthetic question/answer records (addition, subtraction, parity, successor),\n"
         "one JSON object a line in `raw.jsonl`: `{id, kind, question, answer}`. None of the\n"
         "questions appears in the tiny-arith benchmarks. Built by shared/toolchain/build_assets.py.\n"
-    )
+    ))
+
+
+REVIEWS_README = (
+    "# tiny-reviews\n\nSynthetic restaurant (`food`) and film (`films`) reviews, one JSON object a line in\n"
+    "`raw.jsonl`: `{id, kind: sentiment, domain, question, answer}`, answer `positive` or `negative`.\n"
+    "None of the questions appears in the tiny-sentiment benchmark. Built by shared/toolchain/build_assets.py.\n"
+)
+BENCH_DESCRIPTIONS = {
+    "tiny-sentiment": "Is a short restaurant or film review positive or negative? Exact match (synthetic).",
+}
 
 
 def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any]]]) -> None:
@@ -276,7 +353,7 @@ def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any
     spec: dict[str, Any] = {
         "name": name,
         "version": 1,
-        "description": (
+        "description": BENCH_DESCRIPTIONS.get(name) or (
             "Tiny multiple-choice arithmetic and parity questions (synthetic, for tests and demos)."
             if mc else "Tiny addition and subtraction questions, answered by exact match (synthetic)."
         ),
@@ -298,15 +375,20 @@ def build_all(assets: Path, force: bool = False) -> list[str]:
     benches = benchmark_items()
     bench_questions = {i["question"] for subsets in benches.values() for items in subsets.values() for i in items}
     records = dataset_records(bench_questions)
+    sentiment = sentiment_items()
+    reviews = review_records({i["question"] for items in sentiment.values() for i in items})
+    benches["tiny-sentiment"] = sentiment
     corpus = [f"{r['question']} {r['answer']}" for r in records] + [
         f"{i['question']} {i['answer']}" for s in benches.values() for items in s.values() for i in items
     ] + ["Human: Assistant: System: even odd What is comes after number"] * 8
+    corpus += [f"{r['question']} {r['answer']}" for r in reviews]
     # Every number up to 1999, so that BPE has enough to merge to its ~2000-token vocabulary.
     corpus += [" ".join(str(k) for k in range(start, start + 100)) for start in range(0, 2000, 100)] * 4
 
     steps: list[tuple[Path, Callable[[Path], None]]] = [
         (assets / "models" / "tiny-llama", lambda d: build_tiny_model(d, corpus)),
         (assets / "datasets" / "tiny-qa", lambda d: build_dataset(d, records)),
+        (assets / "datasets" / "tiny-reviews", lambda d: build_dataset(d, reviews, REVIEWS_README)),
     ]
     for name, subsets in benches.items():
         steps.append((assets / "benchmarks" / name,
