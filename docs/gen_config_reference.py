@@ -33,11 +33,12 @@ FALLBACK: dict[str, str] = {
     "subject_prefix": "First token of every subject (`ftbus.eval.requested`, ...); streams are named "
     "`<PREFIX>_EVENTS` etc., buckets `<prefix>_requests` etc. Lets several installations share one "
     "server. deploy/nats/accounts.conf is written for `ftbus`.",
-    "event_max_age_s": "Age after which messages of every ftbus stream and KV entries expire (14 days). "
-    "The Object Store buckets (artifacts, private) are created without an age limit.",
+    "event_max_age_s": "Age after which messages of the event and test-split streams and the advisories "
+    "expire (14 days). Records, results and artifacts have their own limits (the *_max_age_s settings).",
     "stream_replicas": "Replicas of every stream, KV bucket and Object Store when they are created: 1 "
     "for one server, 3 for a 3-node cluster. Existing streams and buckets keep theirs (ensure_topology() "
-    "updates a stream only when its subjects differ): change them with `nats stream edit --replicas`.",
+    "updates a stream only when its subjects or its age limit differ): change them with `nats stream edit "
+    "--replicas`.",
     "sweep_interval_s": "How often the aggregator looks for stuck requests and unpublished verdicts.",
     "max_workspace_bytes": "Largest workspace (sum of file sizes) that `ftbus submit` / FtbusClient.submit "
     "uploads; checked by the submitting client, with its own settings.",

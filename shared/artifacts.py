@@ -227,6 +227,7 @@ class ObjectStoreArtifacts:
         *,
         stall_timeout_s: float = 60.0,
         description: str = "ftbus artifacts",
+        ttl: float | None = None,
     ) -> Self:
         """Open the bucket, creating it when missing. Safe when several processes race to create it."""
         try:
@@ -241,6 +242,7 @@ class ObjectStoreArtifacts:
                         description=description,
                         storage=api.StorageType.FILE,
                         replicas=replicas,
+                        ttl=ttl,  # objects expire this long after they were written (None: never)
                     ),
                 )
             except BadRequestError:

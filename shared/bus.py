@@ -122,10 +122,12 @@ class Bus:
                     max_msgs_per_subject=1,
                     discard=api.DiscardPolicy.NEW,
                     discard_new_per_subject=True,
-                    **common,
+                    **{**common, "max_age": cfg.result_max_age_s},  # retention: results
                 )
             )
-        await self._ensure_stream(api.StreamConfig(name=s.stream_dlq, subjects=[s.dlq], **common))
+        await self._ensure_stream(
+            api.StreamConfig(name=s.stream_dlq, subjects=[s.dlq], **{**common, "max_age": cfg.result_max_age_s})
+        )
         await self._ensure_stream(
             api.StreamConfig(
                 name=s.stream_advisories,
@@ -155,7 +157,8 @@ class Bus:
             except BadRequestError:
                 # Another process created it between our lookup and our add: fall through to update.
                 info = await self.js.stream_info(config.name)
-        if info.config.subjects != config.subjects:
+        # A changed retention setting applies to a stream that exists already, too.
+        if info.config.subjects != config.subjects or abs((info.config.max_age or 0) - (config.max_age or 0)) > 1:
             await self.js.update_stream(config)
 
     async def kv(self, bucket: str) -> KeyValue:
@@ -170,7 +173,7 @@ class Bus:
                     history=1,
                     storage=api.StorageType.FILE,
                     replicas=self.settings.stream_replicas,
-                    ttl=self.settings.event_max_age_s,
+                    ttl=self.settings.record_max_age_s,  # retention: records
                 )
             except BadRequestError:
                 kv = await self.js.key_value(bucket)
@@ -187,7 +190,8 @@ class Bus:
     async def cache_artifacts(self) -> ArtifactStore:
         if self._cache is None:
             self._cache = await self._open_store(
-                self.subjects.object_store_cache, "ftbus caches: data and validation baselines (workers only)"
+                self.subjects.object_store_cache, "ftbus caches: data and validation baselines (workers only)",
+                ttl=self.settings.cache_max_age_s,
             )
         return self._cache
 
@@ -199,13 +203,16 @@ class Bus:
             )
         return self._private
 
-    async def _open_store(self, bucket: str, description: str) -> ArtifactStore:
+    async def _open_store(self, bucket: str, description: str, ttl: float | None = None) -> ArtifactStore:
         cfg = self.settings
         if cfg.artifact_store == "filesystem":
             if cfg.artifact_dir is None:
                 raise ValueError("artifact_store is 'filesystem' but artifact_dir is not set (FTBUS_ARTIFACT_DIR)")
             return FilesystemArtifacts(cfg.artifact_dir / bucket)
-        return await ObjectStoreArtifacts.open(self.js, bucket, replicas=cfg.stream_replicas, description=description)
+        return await ObjectStoreArtifacts.open(
+            self.js, bucket, replicas=cfg.stream_replicas, description=description,
+            ttl=ttl or cfg.artifact_max_age_s,  # retention: artifacts
+        )
 
     async def ensure_consumer(
         self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None

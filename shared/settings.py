@@ -174,6 +174,34 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="How often the dashboard re-reads each stage's consumer state."
     )
 
+    # ------------------------------------------------------------------ retention (docs/operations.md, "Retention")
+    artifact_max_age_s: float = Field(
+        default=14 * DAY, gt=0,
+        description="Object stores of requests (workspaces, data, training outputs, logs, test-split logs): "
+        "an object expires this long after it was written. Applies to buckets created from then on.",
+    )
+    cache_max_age_s: float = Field(default=30 * DAY, gt=0, description="The data and baseline caches' objects.")
+    record_max_age_s: float = Field(
+        default=30 * DAY, gt=0,
+        description="KV buckets (request records, public status, per-stage results); keep >= event_max_age_s, "
+        "or a late redelivery finds no record of what it already did.",
+    )
+    result_max_age_s: float = Field(
+        default=90 * DAY, gt=0, description="Verdict, report and dead-letter streams; keep >= record_max_age_s."
+    )
+
+    # ------------------------------------------------------------------ disk quota of a run (shared/quota.py)
+    data_disk_quota_bytes: int = Field(
+        default=8 * 2**30, gt=0, description="Disk a process_data.py run may fill in its folder before it is stopped."
+    )
+    train_disk_quota_bytes: int = Field(
+        default=200 * 2**30, gt=0, description="Disk a training run may fill in its folder before it is stopped."
+    )
+    run_max_files: int = Field(
+        default=200_000, gt=0, description="Files and folders a run may create in its folder before it is stopped."
+    )
+    quota_poll_s: float = Field(default=2.0, gt=0, description="How often a running stage's folder is measured.")
+
     # ------------------------------------------------------------------ logging
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"

@@ -51,6 +51,9 @@ from shared.runtime import Outgoing, StageContext, StageWorker
 
 log = get_logger("ftbus.aggregator")
 
+# Requests whose last progress write the aggregator remembers before it forgets the idle ones.
+PROGRESS_MEMORY = 256
+
 RESULT_STAGE: dict[type, Stage] = {
     DataResult: Stage.data,
     TrainResult: Stage.train,
@@ -193,9 +196,21 @@ class Aggregator:
             return
         self._last_progress_write[key] = now
         try:
-            await self.update(key, lambda r: _on_progress(r, event), create=False)
+            record = await self.update(key, lambda r: _on_progress(r, event), create=False)
         except Exception as exc:
             log.warning("progress update failed", request_id=key, error=str(exc))
+            record = None
+        # Bounded memory: forget a request once it is over (or unknown), and whatever fell silent.
+        if record is None or record.terminal:
+            self._last_progress_write.pop(key, None)
+        self._prune_progress(now)
+
+    def _prune_progress(self, now: float, idle_s: float = 60.0) -> None:
+        """Forget requests without progress for ``idle_s`` once more than PROGRESS_MEMORY are remembered."""
+        if len(self._last_progress_write) > PROGRESS_MEMORY:
+            for rid, at in list(self._last_progress_write.items()):
+                if now - at > idle_s:
+                    del self._last_progress_write[rid]
 
     # ------------------------------------------------------------------ record updates
 

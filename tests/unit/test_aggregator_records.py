@@ -92,3 +92,29 @@ def test_consumer_names_map_back_to_stages() -> None:
     assert agg._stage_of_consumer("ftbus", "ftbus-train") is Stage.train
     assert agg._stage_of_consumer("ftbus", "ftbus-aggregate-test") is Stage.aggregate
     assert agg._stage_of_consumer("ftbus", "other") is None
+
+
+async def test_the_progress_memory_forgets_finished_and_idle_requests() -> None:
+    """The aggregator remembers when it last wrote each request's progress: never forever."""
+    from types import SimpleNamespace
+
+    from shared import codec
+    from shared.events import Progress
+
+    aggregator = agg.Aggregator.__new__(agg.Aggregator)
+    aggregator._last_progress_write = {}
+
+    async def update(rid: str, mutate: object, create: bool = True) -> RequestRecord:
+        return RequestRecord(request_id=rid, status="completed" if rid.startswith("done") else "running")
+
+    aggregator.update = update  # type: ignore[method-assign]
+    for i in range(3 * agg.PROGRESS_MEMORY):
+        rid = f"done-{i}" if i % 2 else f"run-{i}"
+        event = Progress(request_id=rid, stage=Stage.train, state="started")
+        await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
+    # Finished requests are forgotten at once; running ones are kept while the memory is small.
+    assert not any(rid.startswith("done") for rid in aggregator._last_progress_write)
+    assert len(aggregator._last_progress_write) == 3 * agg.PROGRESS_MEMORY // 2
+    # Past the limit, whatever has been idle for a minute goes.
+    aggregator._prune_progress(now=max(aggregator._last_progress_write.values()) + 61)
+    assert aggregator._last_progress_write == {}
