@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import nats.errors
 from nats.js.errors import NotFoundError
 
 from ftbus.dashboard import views
@@ -153,6 +154,7 @@ class DashboardState:
         """Follow KV ftbus_requests: a snapshot of every record, then each change as it happens."""
         assert self.bus is not None
         bucket = self.bus.subjects.kv_requests
+        failures = 0
         while True:
             self._restart_watch.clear()
             watcher = None
@@ -164,10 +166,8 @@ class DashboardState:
                 while not self._restart_watch.is_set():
                     try:
                         entry = await watcher.updates(timeout=1.0)
-                    except Exception as exc:
-                        if "Timeout" in type(exc).__name__:
-                            continue
-                        raise
+                    except nats.errors.TimeoutError:
+                        continue  # nothing changed this second: look at _restart_watch again
                     if entry is None:  # the snapshot is complete
                         if initial:
                             for gone in set(self.records) - seen:
@@ -181,8 +181,14 @@ class DashboardState:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("record watch interrupted; restarting", error=f"{type(exc).__name__}: {exc}")
+                # Say it once per outage (a bucket not created yet, a server away), not every second.
+                failures += 1
+                report = log.warning if failures in (1, 60) else log.debug
+                report("record watch interrupted; restarting", error=f"{type(exc).__name__}: {exc}",
+                       bucket=bucket, attempts=failures)
                 await asyncio.sleep(1.0)
+            else:
+                failures = 0
             finally:
                 if watcher is not None:
                     with contextlib.suppress(Exception):

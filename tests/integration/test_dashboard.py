@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -403,6 +404,24 @@ def test_ftbus_up_serves_the_dashboard_and_prints_its_url(tmp_path: Path, standi
         assert overview["connection"]["connected"] is True
         with urllib.request.urlopen(url + "/", timeout=10) as response:
             assert b"/static/overview.js" in response.read()
+        # The services of that same process evaluate a request, and its dashboard shows it.
+        submit = subprocess.run(
+            [*FTBUS, "submit", str(write_workspace(tmp_path / "ws")), "--base-model", "tiny-standin",
+             "--benchmark", "tiny-arith", "--wait", "--json"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
+        )
+        assert submit.returncode == 0, submit.stderr[-3000:]
+        rid = json.loads(submit.stdout)["request_id"]
+        detail: dict[str, Any] = {}
+        while time.monotonic() < deadline + 60:
+            with contextlib.suppress(urllib.error.HTTPError):
+                with urllib.request.urlopen(f"{url}/api/requests/{rid}", timeout=10) as response:
+                    detail = json.loads(response.read())
+                if detail.get("status") == "completed" and detail.get("test"):
+                    break
+            time.sleep(0.5)
+        assert detail["status"] == "completed" and detail["loss"]["source"] == "history", detail
+        assert len(detail["loss"]["train"]) == 5 and detail["test"]["rows"]
     finally:
         up.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
