@@ -1,0 +1,347 @@
+"""The Python API: ``from ftbus import Client``.
+
+Async, for services and agent loops::
+
+    async with Client() as client:                      # the server `ftbus up` started, or FTBUS_NATS_URL
+        rid = await client.submit("examples/lora", base_model="tiny-llama", benchmark="tiny-sentiment")
+        verdict = await client.wait(rid)
+
+Blocking, for scripts and notebooks (it opens and closes its own connection, and works inside a
+running event loop such as Jupyter's)::
+
+    verdict = Client().evaluate("examples/lora", base_model="tiny-llama", benchmark="tiny-sentiment")
+    verdict.final_decision, verdict.result.baseline.difference
+
+Results are the bus's own pydantic models: :class:`Verdict` (what an agent may see), :class:`Report`
+(the verdict plus the hidden test split; only users granted it may read it), :class:`RequestStatusView`.
+The connection itself is ``shared.client.FtbusClient``; this class adds the task-level calls
+(keyword arguments instead of a ``TaskSpec``), batches, listing, logs and the blocking wrappers.
+A ``Client`` that is not connected holds only its settings, so it pickles (RD-Agent sends its
+evaluators to worker processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from nats.js.errors import NoKeysError
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.client import FtbusClient, ProgressCallback, WaitTimeout
+from shared.events import Progress, Report, TaskSpec, Timeouts, Verdict
+from shared.records import TERMINAL, RequestStatus, RequestStatusView
+from shared.settings import Settings
+
+T = TypeVar("T")
+
+#: ``--stage`` name -> the log the stage leaves in the artifact store (``<request_id>/logs/<file>``).
+#: The hidden test split's logs are in the private store, which agents cannot read: not listed.
+LOG_FILES: dict[str, str] = {
+    "data": "data_processing.log",
+    "train": "training.log",
+    "bench": "benchmark-validation.log",
+    "baseline": "benchmark-baseline-validation.log",
+}
+#: Which pipeline stage (as in RequestStatusView.stages) writes each log.
+LOG_STAGE: dict[str, str] = {"data": "data", "train": "train", "bench": "bench", "baseline": "bench"}
+
+__all__ = [
+    "LOG_FILES",
+    "Client",
+    "EvalTask",
+    "Progress",
+    "Report",
+    "RequestStatusView",
+    "Timeouts",
+    "Verdict",
+    "WaitTimeout",
+]
+
+
+class EvalTask(BaseModel):
+    """One evaluation: a workspace and its task. One line of ``ftbus submit --tasks FILE.jsonl``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workspace: Path
+    base_model: str = Field(min_length=1)
+    benchmark: str = Field(min_length=1)
+    description: str = ""
+    datasets: list[str] = Field(default_factory=list, description="raw datasets under assets/datasets it reads")
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    def task_spec(self) -> TaskSpec:
+        return TaskSpec(base_model=self.base_model, benchmark=self.benchmark, description=self.description,
+                        involving_datasets=list(self.datasets))
+
+
+class Client:
+    """A handle on one ftbus installation. Use ``async with Client() as c`` for the async calls;
+    :meth:`evaluate` and :meth:`evaluate_many` block and need no ``async with``."""
+
+    def __init__(self, nats_url: str | None = None, *, settings: Settings | None = None, **overrides: Any) -> None:
+        """``nats_url``: the server (default: FTBUS_NATS_URL, else the one `ftbus up` recorded in its
+        home). ``settings``: a full ``Settings`` (default: read from FTBUS_* variables).
+        ``overrides``: single settings by name, e.g. ``client_name="agent-7"``."""
+        base = settings or Settings()
+        unknown = sorted(set(overrides) - set(Settings.model_fields))
+        if unknown:
+            raise TypeError(f"unknown ftbus settings: {', '.join(unknown)} (see docs/configuration.md)")
+        update = dict(overrides)
+        if nats_url:
+            update["nats_url"] = nats_url
+        self.settings = base.model_copy(update=update) if update else base
+        self._conn: FtbusClient | None = None
+
+    # ------------------------------------------------------------------ connection
+
+    async def connect(self) -> Client:
+        if self._conn is None:
+            self._conn = await FtbusClient.connect(self.settings)
+        return self
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def connection(self) -> FtbusClient:
+        """The underlying ``shared.client.FtbusClient`` (for watch() and the lower-level calls)."""
+        if self._conn is None:
+            raise RuntimeError("the Client is not connected: use `async with Client() as client:` "
+                               "(or the blocking Client().evaluate(...))")
+        return self._conn
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A live connection belongs to one event loop in one process: never pickled.
+        return {"settings": self.settings, "_conn": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # ------------------------------------------------------------------ async calls
+
+    async def submit(
+        self,
+        workspace: str | Path,
+        *,
+        base_model: str,
+        benchmark: str,
+        description: str = "",
+        datasets: Sequence[str] = (),
+        timeouts: Timeouts | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Upload the workspace and request its evaluation; return the request id at once."""
+        task = EvalTask(workspace=Path(workspace), base_model=base_model, benchmark=benchmark,
+                        description=description, datasets=list(datasets), timeouts=timeouts or Timeouts())
+        return await self.submit_task(task, request_id=request_id)
+
+    async def submit_task(self, task: EvalTask, *, request_id: str | None = None) -> str:
+        return await self.connection.submit(task.workspace, task.task_spec(), task.timeouts, request_id)
+
+    async def wait(
+        self, request_id: str, *, timeout_s: float | None = None, on_progress: ProgressCallback | None = None
+    ) -> Verdict:
+        """The verdict, once there is one (raises WaitTimeout after ``timeout_s``)."""
+        verdict = await self.connection.wait(request_id, on_progress=on_progress, timeout_s=timeout_s)
+        assert isinstance(verdict, Verdict)
+        return verdict
+
+    async def aevaluate(
+        self,
+        workspace: str | Path,
+        *,
+        base_model: str,
+        benchmark: str,
+        description: str = "",
+        datasets: Sequence[str] = (),
+        timeouts: Timeouts | None = None,
+        timeout_s: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> Verdict:
+        """Submit and wait: the async form of :meth:`evaluate`."""
+        rid = await self.submit(workspace, base_model=base_model, benchmark=benchmark, description=description,
+                                datasets=datasets, timeouts=timeouts)
+        return await self.wait(rid, timeout_s=timeout_s, on_progress=on_progress)
+
+    async def aevaluate_many(
+        self,
+        tasks: Iterable[EvalTask],
+        *,
+        timeout_s: float | None = None,
+        on_progress: ProgressCallback | None = None,
+        on_submitted: Callable[[EvalTask, str], None] | None = None,
+    ) -> list[Verdict]:
+        """Submit every task, then wait for all of them at once; verdicts in the order of ``tasks``."""
+        rids = await self.submit_many(tasks, on_submitted=on_submitted)
+        return list(await asyncio.gather(*(self.wait(rid, timeout_s=timeout_s, on_progress=on_progress)
+                                           for rid in rids)))
+
+    async def submit_many(
+        self, tasks: Iterable[EvalTask], *, on_submitted: Callable[[EvalTask, str], None] | None = None
+    ) -> list[str]:
+        rids = []
+        for task in tasks:
+            rid = await self.submit_task(task)
+            if on_submitted is not None:
+                on_submitted(task, rid)
+            rids.append(rid)
+        return rids
+
+    async def get(self, request_id: str) -> Verdict | None:
+        verdict = await self.connection.get(request_id)
+        return verdict if isinstance(verdict, Verdict) else None
+
+    async def report(self, request_id: str) -> Report | None:
+        """The verdict plus the hidden test split (dashboards and evaluation owners only)."""
+        report = await self.connection.get(request_id, report=True)
+        return report if isinstance(report, Report) else None
+
+    async def status(self, request_id: str) -> RequestStatusView | None:
+        return await self.connection.status(request_id)
+
+    async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
+        await self.connection.cancel(request_id, reason)
+
+    async def requests(self, status: RequestStatus | Iterable[str] | None = None) -> list[RequestStatusView]:
+        """Every request the server remembers (the public status views), oldest first; ``status``
+        keeps those in that status (or any of several)."""
+        wanted = {status} if isinstance(status, str) else (set(status) if status is not None else None)
+        conn = self.connection
+        kv = await conn.bus.kv(conn.s.kv_status)
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return []
+        views: list[RequestStatusView] = []
+        for key in keys:
+            with contextlib.suppress(Exception):  # a key deleted between keys() and get()
+                entry = await kv.get(key)
+                if entry.value:
+                    view = RequestStatusView.model_validate_json(entry.value)
+                    if wanted is None or view.status in wanted:
+                        views.append(view)
+        epoch = datetime.min.replace(tzinfo=UTC)
+        views.sort(key=lambda v: (v.submitted_at or epoch, v.request_id))
+        return views
+
+    async def log(self, request_id: str, stage: str = "train") -> str | None:
+        """A stage's log (``data``, ``train``, ``bench``, ``baseline``), or None when it does not
+        exist (yet): stages upload their log when they finish."""
+        if stage not in LOG_FILES:
+            raise ValueError(f"unknown log {stage!r}: one of {', '.join(LOG_FILES)}")
+        store = await self.connection.bus.artifacts()
+        ref = await store.stat(f"{request_id}/logs/{LOG_FILES[stage]}")
+        if ref is None:
+            return None
+        return (await store.get_bytes(ref)).decode("utf-8", errors="replace")
+
+    async def follow_log(
+        self, request_id: str, stage: str = "train", *, poll_s: float = 1.0
+    ) -> AsyncIterator[Progress | str]:
+        """Follow a stage: its progress events as they happen, then its log (a ``str``) once the
+        stage has uploaded it. Ends after the log, or when the request ends without one."""
+        if stage not in LOG_FILES:
+            raise ValueError(f"unknown log {stage!r}: one of {', '.join(LOG_FILES)}")
+        conn = self.connection
+        queue: asyncio.Queue[Progress] = asyncio.Queue()
+        pipeline_stage = LOG_STAGE[stage]
+
+        def _on_progress(progress: Progress) -> None:
+            if progress.stage.value == pipeline_stage:
+                queue.put_nowait(progress)
+
+        from shared import codec
+
+        async def _push(msg: Any) -> None:
+            with contextlib.suppress(codec.CodecError):
+                _on_progress(codec.decode(msg.data, Progress))
+
+        sub = await conn.bus.nc.subscribe(conn.s.progress(request_id), cb=_push)
+        try:
+            while True:
+                while not queue.empty():
+                    yield queue.get_nowait()
+                text = await self.log(request_id, stage)
+                if text is not None:
+                    yield text
+                    return
+                view = await self.status(request_id)
+                if view is not None and view.status in TERMINAL:
+                    # A last look: the log may have landed just before the verdict.
+                    text = await self.log(request_id, stage)
+                    if text is not None:
+                        yield text
+                    return
+                with contextlib.suppress(TimeoutError):
+                    yield await asyncio.wait_for(queue.get(), timeout=poll_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    # ------------------------------------------------------------------ blocking calls
+
+    def evaluate(
+        self,
+        workspace: str | Path,
+        *,
+        base_model: str,
+        benchmark: str,
+        description: str = "",
+        datasets: Sequence[str] = (),
+        timeouts: Timeouts | None = None,
+        timeout_s: float | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> Verdict:
+        """Submit a workspace, block until its verdict, return it. For scripts and notebooks."""
+        return self.run(lambda c: c.aevaluate(
+            workspace, base_model=base_model, benchmark=benchmark, description=description, datasets=datasets,
+            timeouts=timeouts, timeout_s=timeout_s, on_progress=on_progress,
+        ))
+
+    def evaluate_many(
+        self,
+        tasks: Iterable[EvalTask],
+        *,
+        timeout_s: float | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> list[Verdict]:
+        """Submit every task, block until all verdicts are in; verdicts in the order of ``tasks``."""
+        task_list = list(tasks)
+        return self.run(lambda c: c.aevaluate_many(task_list, timeout_s=timeout_s, on_progress=on_progress))
+
+    def run(self, call: Callable[[Client], Awaitable[T]]) -> T:
+        """Run ``call(connected_client)`` to completion on a connection of its own, from blocking code."""
+
+        async def _main() -> T:
+            async with Client(settings=self.settings) as client:
+                return await call(client)
+
+        return _run_blocking(_main)
+
+
+def _run_blocking(main: Callable[[], Awaitable[T]]) -> T:
+    """asyncio.run, or, when this thread already runs an event loop (Jupyter), a thread that can."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())  # type: ignore[arg-type]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftbus-client") as pool:
+        return pool.submit(lambda: asyncio.run(main())).result()  # type: ignore[arg-type]
