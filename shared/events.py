@@ -323,6 +323,10 @@ class JudgeResult(Event):
     result: VerdictResult
     artifacts: list[WorkspaceFile] = Field(default_factory=list)
     expects_test: bool = False
+    #: The isolation the candidate's code ran under, from the stages' outcomes (docs/sandbox.md).
+    sandbox: str | None = None
+    #: What process_data.py spent on LLM calls through the gateway.
+    llm_usage: LlmUsage | None = None
 
 
 VerdictStatus = Literal["completed", "error", "cancelled"]
@@ -341,6 +345,10 @@ class Verdict(Event):
     result: VerdictResult = Field(default_factory=VerdictResult)
     judge: JudgeInfo | None = None
     artifacts: list[WorkspaceFile] = Field(default_factory=list)
+    #: ``docker:<image>`` or ``local`` (no isolation); None when no stage ran candidate code.
+    sandbox: str | None = None
+    #: What process_data.py spent on LLM calls (calls, tokens, latency), when an LLM was configured.
+    llm_usage: LlmUsage | None = None
 
 
 class Report(Verdict):

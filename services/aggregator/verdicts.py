@@ -43,6 +43,8 @@ def verdict_from_judge(judge: JudgeResult) -> Verdict:
         result=judge.result,
         judge=judge.judge,
         artifacts=judge.artifacts,
+        sandbox=judge.sandbox,
+        llm_usage=judge.llm_usage,
     )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 from services.data.cache import data_cache_key
@@ -33,6 +35,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paths import UnsafePath, regular_file_in
+from shared.quota import with_quota
 from shared.runner import Runner, RunResult
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.sandbox import Sandbox
@@ -60,6 +63,8 @@ def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: 
 
 async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     settings = ctx.settings
+    ctx.runner = with_quota(ctx.runner, max_bytes=settings.data_disk_quota_bytes,  # shared/quota.py
+                            max_files=settings.run_max_files, poll_s=settings.quota_poll_s)
     context = event.context
     assets: Path = settings.assets
 
@@ -112,7 +117,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         # that makes this worker read (and publish) a host file the candidate could not see.
         with contextlib.suppress(FileNotFoundError):  # load_data_json says what is missing
             regular_file_in(workspace, DATA_FILE)
-        records = await asyncio.to_thread(load_data_json, workspace / DATA_FILE)
+        records = await asyncio.to_thread(load_data_json, workspace / DATA_FILE, settings.max_data_json_bytes)
     except UnsafePath as exc:
         return _failed(event, ctx, FailedStage.data_processing, f"data.json refused: {exc}", summary)
     except DataInvalid as exc:
@@ -158,9 +163,15 @@ async def _run_process_data(
         return run, None
     budget = Budget(settings.llm_budget_requests, settings.llm_budget_tokens,
                     min(settings.llm_budget_wall_s, timeout_s))
-    socket_path = ctx.workdir / "llm" / "llm.sock"
-    async with LlmGateway(socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
-                          budget=budget) as gateway:
+    # A short folder of its own: a Unix socket path is limited to 107 bytes, and the folder is
+    # what the sandbox mounts (nothing else in it).
+    socket_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="ftbus-llm-"))
+    socket_path = socket_dir / "llm.sock"
+    async with contextlib.AsyncExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, socket_dir, True)
+        gateway = await cleanup.enter_async_context(
+            LlmGateway(socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key, budget=budget)
+        )
         sandbox = Sandbox.reading(*mounts, llm_socket=socket_path)
         env["OPENAI_API_KEY"] = gateway.token
         env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{sandbox.llm_port}/v1"

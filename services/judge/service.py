@@ -25,6 +25,7 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
     train_yaml = await _train_yaml(event, ctx)
     log_text = await combined_log(event, ctx)
     result = await judge(event, train_yaml, log_text, ctx.settings)
+    result = result.model_copy(update={"sandbox": sandboxes_of(event), "llm_usage": event.data.llm_usage})
     log.info(
         "judged",
         final_decision=result.feedback.final_decision,
@@ -32,6 +33,17 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
         rules_decision=result.judge.rules_decision,
     )
     return [Outgoing(ctx.subjects.judge_completed, result, "completed")]
+
+
+def sandboxes_of(event: DataResult | TrainResult | BenchResult) -> str | None:
+    """Which isolation the candidate's code ran under, as the stages recorded it."""
+    outcomes = [event.data.outcome]
+    if not isinstance(event, DataResult):
+        outcomes.append(event.train.outcome)
+    if isinstance(event, BenchResult):
+        outcomes.append(event.outcome)
+    names = sorted({o.sandbox for o in outcomes if o is not None and o.sandbox})
+    return ", ".join(names) or None
 
 
 async def _train_yaml(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> str:

@@ -249,7 +249,9 @@ def test_online_datasets_and_escaping_dataset_dir(assets: Path, workspace: Path)
     assert "leaves the workspace" in error_of(base + "dataset_dir: ../other\n", assets, workspace)
 
 
-def test_nothing_loads_from_outside_the_workspace_or_runs_a_script(assets: Path, workspace: Path, tmp_path: Path) -> None:
+def test_nothing_loads_from_outside_the_workspace_or_runs_a_script(
+    assets: Path, workspace: Path, tmp_path: Path
+) -> None:
     """Fields that would make LlamaFactory read host files or run candidate code are refused, each
     with the reason."""
     base = "model_name_or_path: tiny-model\ndataset: processed_data\n"
@@ -269,7 +271,7 @@ def test_nothing_loads_from_outside_the_workspace_or_runs_a_script(assets: Path,
     prepare(base + "deepspeed: ds.json\nadapter_name_or_path: init_adapter\n", assets, workspace)
 
     def info(entry: str) -> None:
-        (workspace / "dataset_info.json").write_text('{"processed_data": %s}' % entry)
+        (workspace / "dataset_info.json").write_text('{"processed_data": ' + entry + "}")
 
     for entry, expected in {
         '{"hf_hub_url": "org/data"}': "uses hf_hub_url",
