@@ -194,14 +194,28 @@ def _exit_code(verdict: Verdict) -> int:
 
 @app.command()
 def submit(
-    workspace: Annotated[Path, typer.Argument(help="Folder with process_data.py, train.yaml, dataset_info.json.")],
-    base_model: Annotated[str, typer.Option("--base-model", help="Folder under assets/models, or absolute path.")],
-    benchmark: Annotated[str, typer.Option("--benchmark", help="Benchmark name from the registry.")],
+    workspaces: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Folder(s) with process_data.py, train.yaml, dataset_info.json.", show_default=False),
+    ] = None,
+    base_model: Annotated[
+        str | None, typer.Option("--base-model", help="Folder under assets/models, or absolute path.")
+    ] = None,
+    benchmark: Annotated[str | None, typer.Option("--benchmark", help="Benchmark name from the registry.")] = None,
     description: Annotated[str, typer.Option(help="What the candidate tries to achieve.")] = "",
     dataset: Annotated[
         list[str] | None, typer.Option("--dataset", help="Raw dataset under assets/datasets it reads (repeatable).")
     ] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Show live progress, then the verdict.")] = False,
+    tasks_file: Annotated[
+        Path | None,
+        typer.Option("--tasks", help="JSONL, one task a line: {workspace, base_model, benchmark, description, "
+                     "datasets, timeouts}; the options above fill what a line leaves out."),
+    ] = None,
+    wait: Annotated[
+        bool | None,
+        typer.Option("--wait/--no-wait", help="Show live progress, then the verdict(s). Default: wait for a "
+                     "batch (several workspaces or --tasks), not for one workspace.", show_default=False),
+    ] = None,
     as_json: JsonOpt = False,
     data_timeout: Annotated[float | None, typer.Option(help="Lower the data-processing timeout (s).")] = None,
     train_timeout: Annotated[float | None, typer.Option(help="Lower the training timeout (s).")] = None,
@@ -209,12 +223,25 @@ def submit(
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Upload a workspace and request its evaluation; print the request id (or, with --wait, the verdict)."""
+    """Upload workspace(s) and request their evaluation; print the request id(s) (or, waiting, the verdicts).
+
+    Several workspaces, or --tasks FILE.jsonl, make a batch: one progress view for all, then a summary
+    (exit 0 when every final_decision is true, 1 when one is false, 2 on any error verdict)."""
     settings = _settings(config, nats_url)
+    timeouts = Timeouts(data_processing=data_timeout, training=train_timeout, benchmark=bench_timeout)
+    if tasks_file is not None or len(workspaces or []) > 1:
+        _submit_batch(settings, workspaces or [], tasks_file, wait is not False, as_json, timeouts,
+                      {"base_model": base_model, "benchmark": benchmark, "description": description,
+                       "datasets": dataset or []})
+        return
+    if not workspaces or base_model is None or benchmark is None:
+        err.print("[red]error:[/] give a WORKSPACE with --base-model and --benchmark, or --tasks FILE.jsonl")
+        raise typer.Exit(2)
+    workspace = workspaces[0]
+    wait = bool(wait)
     task = TaskSpec(
         base_model=base_model, benchmark=benchmark, description=description, involving_datasets=dataset or []
     )
-    timeouts = Timeouts(data_processing=data_timeout, training=train_timeout, benchmark=bench_timeout)
 
     async def main() -> int:
         from shared.artifacts import ArtifactError
@@ -243,6 +270,25 @@ def submit(
             return _exit_code(verdict)
 
     _run(main())
+
+
+def _submit_batch(settings: Settings, workspaces: list[Path], tasks_file: Path | None, wait: bool, as_json: bool,
+                  timeouts: Timeouts, defaults: dict[str, object]) -> None:
+    from ftbus.batch import TaskFileError, load_tasks, submit_batch
+    from ftbus.client import EvalTask
+
+    if timeouts.model_dump(exclude_none=True):
+        defaults = {**defaults, "timeouts": timeouts}
+    try:
+        tasks = load_tasks(tasks_file, defaults) if tasks_file is not None else []
+        if workspaces:
+            if defaults["base_model"] is None or defaults["benchmark"] is None:
+                raise TaskFileError("workspaces given on the command line need --base-model and --benchmark")
+            tasks += [EvalTask.model_validate({"timeouts": timeouts, **defaults, "workspace": ws}) for ws in workspaces]
+    except TaskFileError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    _run(submit_batch(settings, tasks, wait=wait, as_json=as_json, out=out, err=err))
 
 
 @app.command()
@@ -413,6 +459,56 @@ async def _up_dashboard(settings: Settings, nats_url: str) -> DashboardServer | 
         return None
     err.print(f"dashboard: {url}", highlight=False, soft_wrap=True)
     return server
+
+
+@app.command("ls")
+def ls_requests(
+    status_filter: Annotated[
+        list[str] | None,
+        typer.Option("--status", help="Only requests in this status: queued, running, completed, error, "
+                     "cancelled (repeatable)."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N.")] = None,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """List requests, oldest first: status, current stage, age, decision."""
+    from shared.records import RequestStatusView
+
+    allowed = set(RequestStatusView.model_fields["status"].annotation.__args__)  # type: ignore[union-attr]
+    bad = sorted(set(status_filter or []) - allowed)
+    if bad:
+        err.print(f"[red]error:[/] unknown status {', '.join(bad)}: one of {', '.join(sorted(allowed))}")
+        raise typer.Exit(2)
+    settings = _settings(config, nats_url)
+    from ftbus.batch import ls_main
+
+    _run(ls_main(settings, status_filter or [], limit, as_json, out))
+
+
+@app.command()
+def logs(
+    request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
+    stage: Annotated[
+        str | None, typer.Option("--stage", help="data, train, bench or baseline; default: data, train and bench.")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Wait for stages still running (their progress goes to stderr).")
+    ] = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Print a request's stage logs (each is uploaded when its stage ends)."""
+    from ftbus.client import LOG_FILES
+
+    if stage is not None and stage not in LOG_FILES:
+        err.print(f"[red]error:[/] unknown stage {stage}: one of {', '.join(LOG_FILES)}")
+        raise typer.Exit(2)
+    settings = _settings(config, nats_url)
+    from ftbus.batch import logs_main
+
+    _run(logs_main(settings, request_id, stage, follow, out, err))
 
 
 # ---------------------------------------------------------------------- assets
