@@ -396,7 +396,7 @@ def test_ftbus_up_serves_the_dashboard_and_prints_its_url(tmp_path: Path, standi
         while time.monotonic() < deadline:
             with urllib.request.urlopen(url + "/api/overview", timeout=10) as response:
                 overview = json.loads(response.read())
-            if all(s["workers"] >= 1 for s in overview["stages"]):
+            if overview["stages"] and all(s["workers"] >= 1 for s in overview["stages"]):
                 break
             time.sleep(0.5)
         assert [s["stage"] for s in overview["stages"]] == STAGES
