@@ -11,6 +11,7 @@ from shared.embedded import EmbeddedServer
 from shared.events import Progress, Report, TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline
+from tests.sandbox_support import require_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -29,6 +30,8 @@ async def test_example_passes_for_real(
     settings = Settings(
         home=tmp_path / "home", assets_dir=real_assets, nats_url=nats_server.url, toolchain_bin=toolchain_bin,
         subject_prefix="e" + secrets.token_hex(4), log_format="json", log_level="WARNING",
+        # The real toolchain in the real sandbox: every candidate-controlled run in a container.
+        sandbox="docker", sandbox_image=require_sandbox(),
     )
     pipeline = Pipeline(settings)
     try:
@@ -61,6 +64,7 @@ async def test_example_passes_for_real(
         assert expected in model_files
         assert "output/training_loss.png" in model_files  # plot_loss: true, kept and referenced
         assert "benchmark_test" not in verdict.model_dump()
+        assert verdict.sandbox == f"docker:{settings.sandbox_image}"
 
         report = await pipeline.client.wait(rid, timeout_s=300, report=True)
         assert isinstance(report, Report)

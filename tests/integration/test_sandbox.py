@@ -196,8 +196,8 @@ async def test_read_only_mounts_and_nothing_else(runner: DockerRunner, tmp_path:
 async def test_a_dead_workers_containers_are_reaped(image: str, tmp_path: Path) -> None:
     client = engine_client()
     # A worker that died: its pid is gone (a child we started and reaped).
-    dead = subprocess.Popen(["true"])
-    dead.wait()
+    dead = await asyncio.create_subprocess_exec("true")
+    await dead.wait()
     owner = f"{os.uname().nodename}:{dead.pid}:0"
     orphan = client.containers.run(image, ["sleep", "600"], detach=True, network_mode="none",
                                    labels={LABEL_OWNER: owner, "ftbus.stage": "train"})

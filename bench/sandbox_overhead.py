@@ -1,0 +1,82 @@
+"""What the sandbox costs per run: each stage's container start and teardown beside the local runner.
+
+Each stage's run shape (its mounts; the data stage also with the LLM gateway's forwarder) runs
+the same trivial command, ``python -c pass``, under both runners; the difference of the medians
+is the sandbox's overhead per run of that stage. Prints one table.
+
+    .venv/bin/python bench/sandbox_overhead.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from shared.docker_runner import DockerRunner, engine_client  # noqa: E402
+from shared.runner import LocalRunner, Runner  # noqa: E402
+from shared.sandbox import Sandbox, SandboxUnavailable  # noqa: E402
+from shared.settings import Settings  # noqa: E402
+
+
+async def _median(runner: Runner, sandbox: Sandbox, folder: Path, runs: int) -> float:
+    times = []
+    for i in range(runs):
+        start = time.perf_counter()
+        result = await runner.run(["python", "-c", "pass"], cwd=folder, timeout_s=120,
+                                  log_path=folder.parent / f"log-{i}.txt", sandbox=sandbox)
+        times.append(time.perf_counter() - start)
+        if result.exit_code != 0:
+            raise SystemExit(f"the run failed ({result.exit_code}): {result.output_tail}")
+    return statistics.median(times)
+
+
+async def main(runs: int) -> int:
+    settings = Settings()
+    try:
+        engine_client()
+    except SandboxUnavailable as exc:
+        print(f"sandbox overhead: not measured ({exc})")
+        return 0
+    toolchain = settings.toolchain_path()
+    local = LocalRunner(settings.passthrough_env, path_prefix=[toolchain] if toolchain else [])
+    with tempfile.TemporaryDirectory(prefix="ftbus-bench-sandbox-") as tmp:
+        root = Path(tmp)
+        model, datasets, socket_dir = root / "model", root / "datasets", root / "gw"
+        for folder in (model, datasets, socket_dir):
+            folder.mkdir()
+        (socket_dir / "llm.sock").touch()
+        shapes = {
+            "data": Sandbox.reading(model, datasets),
+            "data + LLM gateway": Sandbox.reading(model, datasets, llm_socket=socket_dir / "llm.sock"),
+            "train": Sandbox.reading(model, datasets, gpus=True),
+            "bench (one split)": Sandbox.reading(model, root / "output", gpus=True),
+        }
+        rows = []
+        for label, sandbox in shapes.items():
+            stage = label.split()[0]
+            docker = DockerRunner(settings.sandbox_stage_images.get(stage, settings.sandbox_image), stage=stage)
+            docker.check()
+            work = root / f"work-{stage}-{len(rows)}"
+            work.mkdir()
+            local_s = await _median(local, sandbox, work, runs)
+            docker_s = await _median(docker, sandbox, work, runs)
+            rows.append((label, local_s, docker_s))
+    print(f"\nSandbox overhead per run (`python -c pass`, median of {runs}; image {settings.sandbox_image})\n")
+    print("| stage | local runner (s) | docker runner (s) | overhead (s) |")
+    print("|---|---|---|---|")
+    for label, local_s, docker_s in rows:
+        print(f"| {label} | {local_s:.3f} | {docker_s:.3f} | {docker_s - local_s:+.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per stage and runner (median)")
+    raise SystemExit(asyncio.run(main(parser.parse_args().runs)))
