@@ -32,6 +32,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import structlog
 from docker.types import DeviceRequest, LogConfig, Mount
 
 from shared.logs import get_logger
@@ -188,6 +189,8 @@ class DockerRunner:
         if not cwd.is_dir():
             raise NotADirectoryError(f"working directory {cwd} does not exist")
         sandbox = sandbox or Sandbox()
+        # The stage runtime binds the request to every log line; the container label names it too.
+        request_id = request_id or str(structlog.contextvars.get_contextvars().get("request_id", ""))
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._hand_over, cwd)

@@ -33,6 +33,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY ftbus ./ftbus
 # A regular (not editable) install: the exact pins of pyproject.toml, nothing from the source tree
 # is needed at run time except the judge prompts, copied below.
 RUN /opt/ftbus/bin/pip install . \
@@ -89,3 +90,20 @@ ENV FTBUS_TOOLCHAIN_BIN=/opt/toolchain/bin \
 # ----------------------------------------------------------------------------- services target
 # judge, aggregate, CLI, topology job. Last, so that it is the default target.
 FROM base AS services
+
+# The sandbox: what candidate code runs in (docs/sandbox.md). The toolchain and socat (the LLM
+# gateway's forwarder), nothing of ftbus, no settings; the runner chooses the user, the mounts and
+# the environment. Built with `docker compose --profile build build sandbox-image`.
+FROM ${PYTHON_IMAGE} AS sandbox
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends socat \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 1000 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin sandbox \
+    && chmod 755 /root
+COPY --from=toolchain-venv /opt/toolchain /opt/toolchain
+ENV PATH=/opt/toolchain/bin:$PATH \
+    HOME=/tmp \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 1000
+WORKDIR /tmp

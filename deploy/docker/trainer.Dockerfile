@@ -16,7 +16,7 @@ FROM ${CUDA_IMAGE}
 
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv socat python3-dev build-essential ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 # One virtualenv outside the user's home; pip (not uv): pins below are pip constraints.
@@ -56,6 +56,7 @@ ARG UID=1000
 RUN (userdel -r ubuntu 2>/dev/null || true) \
     && useradd --create-home --uid ${UID} --shell /bin/bash ftbus \
     && mkdir -p /assets /workspace \
+    && chmod 755 /root \
     && chown ftbus:ftbus /workspace
 USER ftbus
 WORKDIR /workspace

@@ -22,6 +22,7 @@ import pytest
 from shared.docker_runner import LABEL_OWNER, DockerRunner, engine_client, reap_containers
 from shared.embedded import EmbeddedServer
 from shared.events import Stage, TaskSpec
+from shared.logs import bound
 from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT
 from shared.sandbox import Sandbox
 from shared.settings import Settings
@@ -165,10 +166,13 @@ async def test_output_streams_live_and_cancel_removes_the_container(runner: Dock
             seen.set()
 
     script = "import time\nfor i in range(600):\n    print('tick', i, flush=True); time.sleep(0.2)\n"
-    task = asyncio.create_task(runner.run(["python", "-c", script], cwd=tmp_path, timeout_s=300,
-                                          log_path=tmp_path / "log.txt", on_line=on_line))
+    with bound(request_id="rid-live", stage="data"):  # as the stage runtime binds every request
+        task = asyncio.create_task(runner.run(["python", "-c", script], cwd=tmp_path, timeout_s=300,
+                                              log_path=tmp_path / "log.txt", on_line=on_line))
     await asyncio.wait_for(seen.wait(), timeout=60)  # lines arrive while the run goes on
     assert not task.done()
+    labelled = _containers("rid-live")
+    assert len(labelled) == 1 and labelled[0].labels["ftbus.stage"] == "data"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
