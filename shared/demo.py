@@ -24,6 +24,7 @@ from rich.console import Console
 from shared.assets import AssetsError, build_assets
 from shared.events import Verdict
 from shared.settings import Settings
+from shared.stage_runner import describe_sandbox
 from shared.verdict_view import render_verdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,6 +68,7 @@ def main() -> int:
         return 2
 
     say("starting `ftbus up` (embedded nats-server + all five services)")
+    print(f"    candidate code runs in the sandbox: {describe_sandbox(settings)}", file=sys.stderr)
     settings.home.mkdir(parents=True, exist_ok=True)
     settings.url_file.unlink(missing_ok=True)  # a stale file from a crashed run would mislead us
     log_path = settings.home / "demo-services.log"

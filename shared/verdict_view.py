@@ -42,6 +42,16 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
     if result.data_stats:
         lines.append(f"[bold]data[/]: {result.data_stats.total_samples} samples"
                      + (" (cached)" if result.data_cached else ""))
+    if verdict.llm_usage is not None:
+        usage = verdict.llm_usage
+        lines.append(
+            f"[bold]LLM calls in data processing[/]: {usage.requests} of {usage.budget_requests} allowed, "
+            f"{usage.prompt_tokens + usage.completion_tokens} tokens"
+            + (f", {usage.refused} refused over budget" if usage.refused else "")
+        )
+    if verdict.sandbox:
+        warn = " [red](no isolation)[/]" if verdict.sandbox == "local" else ""
+        lines.append(f"[bold]sandbox[/]: {verdict.sandbox}{warn}")
     if isinstance(verdict, Report):
         if verdict.benchmark_test:
             lines.append("[bold]test (hidden)[/]: " + _scores(verdict.benchmark_test.accuracy_summary))

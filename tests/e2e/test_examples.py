@@ -23,6 +23,7 @@ TASKS = {
 }
 
 
+@pytest.mark.timeout(900)  # real training on 2 loaded cores: minutes, not the suite's default 300 s
 @pytest.mark.parametrize("example", ["lora", "full"])
 async def test_example_passes_for_real(
     example: str, nats_server: EmbeddedServer, real_assets: Path, toolchain_bin: Path, tmp_path: Path

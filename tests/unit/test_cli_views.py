@@ -44,3 +44,19 @@ def test_verdict_view_shows_decision_baseline_and_loss() -> None:
     assert "addition: exact_match=0.2500" in text
     assert "baseline 0.1" in text and "+0.1500" in text
     assert "initial 2.0000 -> final 1.0000" in text
+
+
+def test_verdict_view_names_the_sandbox_and_the_llm_spend() -> None:
+    from shared.events import LlmCall, LlmUsage
+
+    usage = LlmUsage(calls=[LlmCall(model="m", status=200, prompt_tokens=10, completion_tokens=5)], requests=1,
+                     prompt_tokens=10, completion_tokens=5, refused=2, budget_requests=1)
+    for sandbox, expected in (("docker:ftbus-sandbox:latest", "sandbox: docker:ftbus-sandbox:latest"),
+                              ("local", "sandbox: local (no isolation)")):
+        verdict = Verdict(request_id="r", status="completed", execution="e", return_checking="r", code="c",
+                          final_decision=False, sandbox=sandbox, llm_usage=usage)
+        console = Console(record=True, width=120, force_terminal=False)
+        render_verdict(console, verdict)
+        text = console.export_text()
+        assert expected in text
+        assert "LLM calls in data processing: 1 of 1 allowed, 15 tokens, 2 refused over budget" in text
