@@ -56,6 +56,7 @@ def test_ftbus_up_records_its_url_and_submit_finds_it(tmp_path: Path, standin_bi
         output = up.communicate(timeout=60)[0].decode()
     assert up.returncode == 0, output[-3000:]
     assert url in output  # it printed where it listens
+    assert "SANDBOX DISABLED (sandbox=local)" in output  # and, loudly, that candidate code is not isolated
     assert not (home / "nats.url").exists()  # and forgot it on the way out
 
 

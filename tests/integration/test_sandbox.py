@@ -371,3 +371,61 @@ async def test_without_an_llm_the_sandbox_has_no_network_and_no_key(docker_setti
     log = result.data.outcome.log_tail if result.data.outcome else ""
     assert "key: None url: None" in log and "interfaces: ['lo']" in log
     assert result.data.llm_usage is None
+
+
+async def test_a_killed_workers_container_is_reaped_by_the_next_worker(
+    docker_settings: Settings, tmp_path: Path
+) -> None:
+    """SIGKILL a data worker mid-run: its container outlives it (the engine owns it) until the next
+    worker on the host starts and removes it; the request then ends with exactly one verdict."""
+    from tests.integration.test_delivery import ftbus_env, ftbus_exe, verdicts_on
+
+    script = "import time\nprint('working', flush=True)\ntime.sleep(6)\nraise SystemExit(3)\n"
+    ws = write_workspace(tmp_path / "ws", script=script)
+    pipeline = Pipeline(docker_settings)
+    workers: list[asyncio.subprocess.Process] = []
+
+    async def start_worker() -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            ftbus_exe(), "worker", "data", env=ftbus_env(docker_settings),
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
+        )
+        workers.append(proc)
+        return proc
+
+    async def containers_of(rid: str) -> list[object]:
+        return await asyncio.to_thread(_containers, rid)
+
+    try:
+        await pipeline.start([Stage.judge, Stage.aggregate])
+        assert pipeline.client is not None and pipeline.bus is not None
+        first = await start_worker()
+        rid = await pipeline.client.submit(ws, TASK)
+        for _ in range(600):
+            if await containers_of(rid):
+                break
+            await asyncio.sleep(0.1)
+        orphans = await containers_of(rid)
+        assert len(orphans) == 1, "the first worker never started the candidate's container"
+        first.kill()
+        await first.wait()
+        await asyncio.sleep(1)
+        orphans[0].reload()
+        assert orphans[0].status == "running"  # the engine, not the worker, owns it
+
+        await start_worker()  # reaps at start, then takes the redelivered message
+        for _ in range(600):
+            if orphans[0].id not in {c.id for c in await containers_of(rid)}:
+                break
+            await asyncio.sleep(0.1)
+        assert orphans[0].id not in {c.id for c in await containers_of(rid)}, "the orphan was not reaped"
+        verdict = await pipeline.client.wait(rid, timeout_s=180)
+        assert verdict.failed_stage == "data_processing" and "exited with code 3" in verdict.execution
+        assert await verdicts_on(pipeline.bus, rid) == 1
+    finally:
+        for proc in workers:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        await pipeline.stop()
+    assert not await containers_of(rid)

@@ -130,3 +130,19 @@ def test_pickled_weights_are_never_loaded(tmp_path: Path) -> None:
     reason = drop_pickled_weights(out)
     assert reason is not None and "pytorch_model.bin" in reason and "safetensors" in reason
     assert not (out / "pytorch_model.bin").exists()
+
+
+def test_without_an_engine_a_worker_refuses_to_run_candidate_code(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """auto and docker never fall back to running hostile code unisolated; local must be chosen."""
+    from shared.runner import LocalRunner
+    from shared.sandbox import SandboxUnavailable
+    from shared.settings import Settings
+    from shared.stage_runner import make_runner
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    for choice in ("auto", "docker"):
+        with pytest.raises(SandboxUnavailable, match="no Docker engine is reachable.*FTBUS_SANDBOX=local"):
+            make_runner(Settings(home=tmp_path, sandbox=choice), "data")
+    runner = make_runner(Settings(home=tmp_path, sandbox="local"), "data")
+    assert isinstance(runner, LocalRunner) and runner.name == "local"
