@@ -142,7 +142,7 @@ def test_without_an_engine_a_worker_refuses_to_run_candidate_code(monkeypatch: p
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     for choice in ("auto", "docker"):
-        with pytest.raises(SandboxUnavailable, match="no Docker engine is reachable.*FTBUS_SANDBOX=local"):
+        with pytest.raises(SandboxUnavailable, match=r"no Docker engine is reachable.*FTBUS_SANDBOX=local"):
             make_runner(Settings(home=tmp_path, sandbox=choice), "data")
     runner = make_runner(Settings(home=tmp_path, sandbox="local"), "data")
     assert isinstance(runner, LocalRunner) and runner.name == "local"
