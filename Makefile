@@ -77,6 +77,7 @@ test-e2e: install toolchain sandbox-for-tests
 bench: install toolchain sandbox-for-tests
 	$(BIN)/python bench/pipeline_vs_direct.py
 	$(BIN)/python bench/sandbox_overhead.py
+	$(BIN)/python bench/soak.py  # 1,000 fast requests: every service's memory growth per 1,000 requests
 
 lint: install
 	$(BIN)/ruff check .

@@ -101,6 +101,34 @@ class FtbusClient:
         await self.bus.publish(self.s.eval_requested, event, msg_id(rid, "submit", "requested"))
         return rid
 
+    async def submit_retrying(
+        self,
+        workspace: Path,
+        task: TaskSpec,
+        timeouts: Timeouts | None = None,
+        request_id: str | None = None,
+        *,
+        attempts: int = 10,
+        delay_s: float = 0.5,
+    ) -> int:
+        """``submit`` through failovers: every attempt uses the same request id, so a request whose
+        first attempt was accepted (its acknowledgement lost) is not submitted twice: the stream drops
+        the repeated ``Nats-Msg-Id``. Returns how many attempts it took; re-raises the last error."""
+        from shared.artifacts import WorkspaceTooLarge
+
+        rid = request_id or new_request_id()
+        for attempt in range(1, attempts + 1):
+            try:
+                await self.submit(workspace, task, timeouts, request_id=rid)
+                return attempt
+            except (FileNotFoundError, ValueError, WorkspaceTooLarge):
+                raise  # the request itself is wrong (UnsafePath, UnknownAsset, ...): no retry helps
+            except Exception:
+                if attempt == attempts:
+                    raise
+                await asyncio.sleep(min(delay_s * attempt, 5.0))
+        return attempts
+
     async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
         event = CancelRequested(request_id=request_id, reason=reason)
         await self.bus.publish(self.s.cancel, event, msg_id(request_id, "control", "cancel"))

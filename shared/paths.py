@@ -18,6 +18,11 @@ from pathlib import Path, PurePosixPath
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
+# Generous for any real workspace; far below what breaks object names, subjects and PATH_MAX.
+MAX_PATH_BYTES = 1024
+MAX_PATH_DEPTH = 64
+
+
 class UnsafePath(ValueError):
     """A path that could escape its folder, or that cannot be represented safely."""
 
@@ -37,6 +42,13 @@ def validate_relative_path(path: str) -> PurePosixPath:
         raise _unsafe(path, f"expected a string, got {type(path).__name__}", advice)
     if path == "":
         raise _unsafe(path, "it is empty", advice)
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        # os.fsdecode() of a name in another encoding: it cannot travel in an event or an object name.
+        raise _unsafe(path, "it is not valid UTF-8 (a name in another encoding)", "Rename the file") from None
+    if size > MAX_PATH_BYTES:
+        raise _unsafe(path[:60] + "...", f"it is {size} bytes long, over {MAX_PATH_BYTES}", "Use a shorter path")
     for ch in path:
         # Cc covers NUL, the C0 controls, DEL and the C1 controls: newlines or escape sequences
         # in a file name can forge log lines and confuse every tool that prints it.
@@ -57,6 +69,9 @@ def validate_relative_path(path: str) -> PurePosixPath:
         raise _unsafe(path, "it has a '..' component, which could leave the workspace", advice)
     if not parts:
         raise _unsafe(path, "it names the folder itself, not a file in it", advice)
+    if len(parts) > MAX_PATH_DEPTH:
+        raise _unsafe(path[:60] + "...", f"it is {len(parts)} folders deep, over {MAX_PATH_DEPTH}",
+                      "Flatten the workspace")
     return PurePosixPath(*parts)
 
 

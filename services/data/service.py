@@ -69,7 +69,8 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     assets: Path = settings.assets
 
     problem = precheck(
-        context, assets, max_bytes=settings.max_workspace_bytes, max_files=settings.max_workspace_files
+        context, assets, max_bytes=settings.max_workspace_bytes, max_files=settings.max_workspace_files,
+        max_config_bytes=settings.max_train_yaml_bytes,
     )
     if problem:
         return _failed(event, ctx, FailedStage.precheck, problem)

@@ -39,12 +39,21 @@ def _json_type(value: Any) -> str:
     return "an object"
 
 
-def load_data_json(path: Path) -> list[dict[str, Any]]:
-    """Read and check data.json; raise ``DataInvalid`` with a clear message when it is unusable."""
+def load_data_json(path: Path, max_bytes: int | None = None) -> list[dict[str, Any]]:
+    """Read and check data.json; raise ``DataInvalid`` with a clear message when it is unusable.
+
+    ``max_bytes``: a larger file is refused before it is read (parsed, JSON takes several times
+    its size in memory: a multi-GB data.json must not take the worker down with it)."""
     if not path.exists():
         raise DataInvalid("process_data.py exited 0 but wrote no data.json in the workspace root")
     if not path.is_file():
         raise DataInvalid(f"data.json in the workspace root is not a regular file ({path})")
+    size = path.stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise DataInvalid(
+            f"data.json is {size} bytes, over the limit of {max_bytes} bytes (max_data_json_bytes): "
+            "keep the processed data to what training needs"
+        )
     raw = path.read_bytes()
     try:
         # json.loads on bytes detects UTF-8/16/32 (with or without BOM) like the JSON spec says.

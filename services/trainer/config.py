@@ -117,9 +117,36 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
+# A YAML "alias bomb" (nested anchors, each alias repeating the one before) loads as a small
+# shared graph but expands to billions of values in anything that walks it (a dump, a copy, the
+# trainer's own parser). No LlamaFactory config comes near this many values.
+_MAX_VALUES = 100_000
+
+
+def _count_values(data: Any, limit: int) -> int:
+    """Values in ``data`` as it expands (shared parts counted each time), counting stops past ``limit``."""
+    count = 0
+    stack = [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
 def _load_yaml(text: str, what: str) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+        data = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
+        if _count_values(data, _MAX_VALUES) > _MAX_VALUES:
+            raise TrainConfigError(
+                f"{what} expands to more than {_MAX_VALUES} values (YAML anchors and aliases repeated "
+                "inside each other, an 'alias bomb'): write the config out plainly"
+            )
+        return data
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)

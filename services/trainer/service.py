@@ -27,6 +27,7 @@ from shared.events import (
     WorkspaceFile,
 )
 from shared.logs import get_logger
+from shared.quota import with_quota
 from shared.runner import Runner
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.sandbox import Sandbox
@@ -68,6 +69,8 @@ def _result(event: DataResult, ctx: StageContext, train: TrainSummary, error: st
 
 async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     settings = ctx.settings
+    ctx.runner = with_quota(ctx.runner, max_bytes=settings.train_disk_quota_bytes,  # shared/quota.py
+                            max_files=settings.run_max_files, poll_s=settings.quota_poll_s)
     rid = event.request_id
     workspace = ctx.workdir / "workspace"
     await materialise(ctx.artifacts, event.context.workspace, workspace)

@@ -1,0 +1,155 @@
+"""A nats-server cluster on loopback: the embedded binary, file storage, one config file per node.
+
+Nodes can be killed (any signal), stopped and started again on the same ports and stores, one at
+a time or all together. With one node it is a plain JetStream server (the soak uses that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
+
+
+@dataclass
+class Node:
+    name: str
+    port: int
+    cluster_port: int
+    monitor_port: int
+    store: Path
+    log: Path
+    conf: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        if self.alive():
+            return
+        log = self.log.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                [str(nats_server_binary()), "-c", str(self.conf)],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_terminate_with_parent,
+            )
+        finally:
+            log.close()
+        wait_for_port("127.0.0.1", self.port, timeout_s)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL: the process dies at once (the OS still holds what it wrote)."""
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM: a clean shutdown (lame duck, store flushed)."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Cluster:
+    """``size`` nodes named n1..nN. ``sync_interval``: JetStream's fsync setting ("always", "2m", ...)."""
+
+    def __init__(self, root: Path, size: int = 3, *, sync_interval: str = "always", name: str = "ftbus-chaos") -> None:
+        self.root = root
+        self.size = size
+        self.sync_interval = sync_interval
+        self.name = name
+        self.nodes: list[Node] = []
+        for i in range(1, size + 1):
+            node_dir = root / f"n{i}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            self.nodes.append(Node(f"n{i}", free_port(), free_port(), free_port(), node_dir / "store",
+                                   node_dir / "server.log", node_dir / "server.conf"))
+        for node in self.nodes:
+            node.conf.write_text(self._config(node))
+
+    def _config(self, node: Node) -> str:
+        lines = [
+            f"server_name: {node.name}",
+            f"listen: 127.0.0.1:{node.port}",
+            f"http: 127.0.0.1:{node.monitor_port}",
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(node.store))}",
+            f"  sync_interval: {self.sync_interval}",
+            "}",
+        ]
+        if self.size > 1:
+            routes = ", ".join(f"nats://127.0.0.1:{n.cluster_port}" for n in self.nodes if n is not node)
+            lines += [
+                "cluster {",
+                f"  name: {self.name}",
+                f"  listen: 127.0.0.1:{node.cluster_port}",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    @property
+    def url(self) -> str:
+        """Every node, comma-separated: clients fail over between them."""
+        return ",".join(n.url for n in self.nodes)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def pids(self) -> list[int]:
+        return [n.pid for n in self.nodes if n.pid is not None]
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until every live node's monitoring endpoint says JetStream is healthy (a meta leader exists)."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        pending = [n for n in self.nodes if n.alive()]
+        while pending and time.monotonic() < deadline:
+            for node in list(pending):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{node.monitor_port}/healthz",
+                                                timeout=2) as resp:
+                        if resp.status == 200:
+                            pending.remove(node)
+                except OSError:
+                    pass
+            if pending:
+                time.sleep(0.2)
+        if pending:
+            raise TimeoutError(f"nodes not healthy after {timeout_s} s: {[n.name for n in pending]}")
