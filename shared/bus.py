@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import re
+from collections import OrderedDict
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -31,6 +34,74 @@ class NotConnected(RuntimeError):
     pass
 
 
+T = TypeVar("T")
+
+# nats-py hands the server's `-ERR 'Permissions Violation for Publish to "SUBJECT"'` to the error
+# callback, lower-cased: `nats: permissions violation for publish to "subject"` (or `subscription
+# to "subject"`, possibly followed by ` using queue "q"`).
+_PERMISSION_RE = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"', re.IGNORECASE)
+
+
+class PermissionDenied(RuntimeError):
+    """The NATS server refused this user a publish or a subscription (its own error, not a timeout)."""
+
+    def __init__(self, subject: str, operation: str) -> None:
+        self.subject = subject
+        self.operation = operation  # "publish" or "subscribe"
+        super().__init__(f"permission denied for {subject} (the NATS server refused this user's {operation})")
+
+
+def parse_permission_error(message: str, known_subjects: dict[str, str] | None = None) -> PermissionDenied | None:
+    """The PermissionDenied that a server error names, or None. ``known_subjects`` maps lower-cased
+    subjects back to their real spelling (nats-py lower-cases the whole error)."""
+    match = _PERMISSION_RE.search(message)
+    if match is None:
+        return None
+    operation = "publish" if match.group(1).lower() == "publish" else "subscribe"
+    subject = match.group(2)
+    return PermissionDenied((known_subjects or {}).get(subject.lower(), subject), operation)
+
+
+class _SubjectMemoryClient(NatsClient):
+    """A nats-py client that remembers the spelling of the subjects it used last, so that a
+    permission error, which nats-py lower-cases, can name the subject as it really is."""
+
+    _MEMORY = 256
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recent_subjects: OrderedDict[str, str] = OrderedDict()
+
+    def _remember(self, subject: str) -> None:
+        key = subject.lower()
+        self.recent_subjects[key] = subject
+        self.recent_subjects.move_to_end(key)
+        while len(self.recent_subjects) > self._MEMORY:
+            self.recent_subjects.popitem(last=False)
+
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
+        self._remember(subject)
+        await super().publish(subject, payload, reply=reply, headers=headers)
+
+    async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Any:
+        self._remember(subject)
+        return await super().subscribe(subject, *args, **kwargs)
+
+    async def _process_pong(self) -> None:
+        # nats-py 2.16 sets the result of the oldest PING's future even when the flush() that
+        # waited on it was cancelled (Bus.guard() on a refusal, a flush timeout): the
+        # InvalidStateError kills its read loop and the connection hangs. Each PONG still answers
+        # the oldest PING: skip the result of one that nobody awaits any more.
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+
 class Bus:
     """One NATS connection with JetStream, the subject names and the shared buckets."""
 
@@ -43,6 +114,8 @@ class Bus:
         self._artifacts: ArtifactStore | None = None
         self._private: ArtifactStore | None = None
         self._cache: ArtifactStore | None = None
+        # guard(): operations waiting to hear of a permission violation
+        self._denial_waiters: set[asyncio.Future[PermissionDenied]] = set()
 
     # ------------------------------------------------------------------ connection
 
@@ -54,13 +127,20 @@ class Bus:
                 "no NATS server configured: start one with `ftbus up`, or set FTBUS_NATS_URL / --nats-url"
             )
 
+        owner: list[Bus] = []
+
         async def _error_cb(exc: Exception) -> None:
+            denied = owner[0].permission_error(exc) if owner else None
+            if denied is not None:
+                log.error("permission denied", subject=denied.subject, operation=denied.operation, user_name=name)
+                return
             log.warning("nats connection error", error=str(exc))
 
         # A comma-separated list names the members of a cluster.
         servers = [part.strip() for part in server.split(",") if part.strip()]
+        nc = _SubjectMemoryClient()
         try:
-            nc = await nats.connect(
+            await nc.connect(
                 servers,
                 name=name,
                 # Replies come to this connection's own inbox subjects, so NATS permissions can keep
@@ -74,7 +154,44 @@ class Bus:
             )
         except Exception as exc:
             raise NotConnected(f"cannot reach NATS at {server}: {exc}. Is `ftbus up` running?") from exc
-        return cls(nc, settings)
+        bus = cls(nc, settings)
+        owner.append(bus)
+        return bus
+
+    # ------------------------------------------------------------------ permissions
+
+    def permission_error(self, exc: BaseException) -> PermissionDenied | None:
+        """If ``exc`` is the server refusing a publish or subscription: wake every guard() and
+        return it (as a PermissionDenied)."""
+        denied = parse_permission_error(str(exc), getattr(self.nc, "recent_subjects", None))
+        if denied is not None:
+            for waiter in list(self._denial_waiters):
+                if not waiter.done():
+                    waiter.set_result(denied)
+        return denied
+
+    async def guard(self, operation: Awaitable[T]) -> T:
+        """Run ``operation``; if the server refuses a publish or subscription meanwhile, cancel it
+        and raise PermissionDenied at once (a refused request otherwise ends in a bare timeout, and
+        a refused subscription waits forever)."""
+        task = asyncio.ensure_future(operation)
+        waiter: asyncio.Future[PermissionDenied] = asyncio.get_running_loop().create_future()
+        self._denial_waiters.add(waiter)
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            # A refusal wins over a result: the server answers a PING only after its -ERR, so a
+            # publish followed by flush() completes just after the refusal arrived.
+            if not waiter.done():
+                return task.result()
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise waiter.result()
+        finally:
+            self._denial_waiters.discard(waiter)
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
 
     async def close(self) -> None:
         if self.nc.is_closed:

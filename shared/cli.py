@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from shared.bus import Bus, NotConnected
+from shared.bus import Bus, NotConnected, PermissionDenied
 from shared.events import Progress, Report, Stage, TaskSpec, Timeouts, Verdict
 from shared.logs import get_logger, setup_logging
 from shared.settings import Settings, load_settings
@@ -75,6 +75,15 @@ def _run(coro: Awaitable[int]) -> None:
         code = asyncio.run(coro)  # type: ignore[arg-type]
     except NotConnected as exc:
         err.print(f"[red]error:[/] {exc}")
+        code = 2
+    except PermissionDenied as exc:
+        # The server's own refusal, e.g. an `agent` user asking for `get --report`.
+        from rich.markup import escape
+
+        err.print(
+            f"[red]error:[/] permission denied for {escape(exc.subject)} "
+            f"(the NATS server refused this user's {exc.operation}; see deploy/nats/accounts.conf)"
+        )
         code = 2
     except KeyboardInterrupt:
         code = 130

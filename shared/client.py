@@ -50,6 +50,9 @@ class WaitTimeout(TimeoutError):
 
 
 class FtbusClient:
+    """Every method raises shared.bus.PermissionDenied ("permission denied for <subject>") as soon as
+    the server refuses this user one of its publishes or subscriptions."""
+
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.s = bus.subjects
@@ -57,7 +60,11 @@ class FtbusClient:
     @classmethod
     async def connect(cls, settings: Settings, url: str | None = None) -> FtbusClient:
         bus = await Bus.connect(settings, name=settings.client_name, url=url)
-        await bus.ensure_topology()
+        try:
+            await bus.guard(bus.ensure_topology())
+        except BaseException:
+            await bus.close()
+            raise
         return cls(bus)
 
     async def close(self) -> None:
@@ -84,7 +91,9 @@ class FtbusClient:
             raise FileNotFoundError(f"workspace {workspace} is not a folder")
         if assets_visible(self.bus.settings.assets):
             check_task(task, self.bus.settings.assets)  # UnknownAsset, with the known names
-        rid = request_id or new_request_id()
+        return await self.bus.guard(self._submit(workspace, task, timeouts, request_id or new_request_id()))
+
+    async def _submit(self, workspace: Path, task: TaskSpec, timeouts: Timeouts | None, rid: str) -> str:
         settings = self.bus.settings
         files = await upload_dir(
             await self.bus.artifacts(),
@@ -131,7 +140,7 @@ class FtbusClient:
 
     async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
         event = CancelRequested(request_id=request_id, reason=reason)
-        await self.bus.publish(self.s.cancel, event, msg_id(request_id, "control", "cancel"))
+        await self.bus.guard(self.bus.publish(self.s.cancel, event, msg_id(request_id, "control", "cancel")))
 
     # ------------------------------------------------------------------ results
 
@@ -139,15 +148,15 @@ class FtbusClient:
         stream = self.s.stream_reports if report else self.s.stream_verdicts
         subject = self.s.report(request_id) if report else self.s.verdict(request_id)
         try:
-            raw = await self.bus.js.get_last_msg(stream, subject)
+            raw = await self.bus.guard(self.bus.js.get_last_msg(stream, subject))
         except NotFoundError:
             return None
         return codec.decode(raw.data or b"", Report if report else Verdict)
 
     async def status(self, request_id: str) -> RequestStatusView | None:
-        kv = await self.bus.kv(self.s.kv_status)
+        kv = await self.bus.guard(self.bus.kv(self.s.kv_status))
         try:
-            entry = await kv.get(request_id)
+            entry = await self.bus.guard(kv.get(request_id))
         except KeyNotFoundError:
             return None
         return RequestStatusView.model_validate_json(entry.value) if entry.value else None
@@ -160,6 +169,11 @@ class FtbusClient:
         report: bool = False,
     ) -> Verdict | Report:
         """Block until the verdict (or report) exists; progress events go to ``on_progress``."""
+        return await self.bus.guard(self._wait(request_id, on_progress, timeout_s, report))
+
+    async def _wait(
+        self, request_id: str, on_progress: ProgressCallback | None, timeout_s: float | None, report: bool
+    ) -> Verdict | Report:
         progress_sub = None
         if on_progress is not None:
 
@@ -193,12 +207,14 @@ class FtbusClient:
                 await queue.put(codec.decode(msg.data, (Progress, Verdict)))
 
         progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=_push)
-        verdict_sub = await self.bus.js.subscribe(
-            self.s.verdict(), cb=_push, ordered_consumer=True, deliver_policy=api.DeliverPolicy.NEW
+        verdict_sub = await self.bus.guard(
+            self.bus.js.subscribe(
+                self.s.verdict(), cb=_push, ordered_consumer=True, deliver_policy=api.DeliverPolicy.NEW
+            )
         )
         try:
             while True:
-                yield await queue.get()
+                yield await self.bus.guard(queue.get())
         finally:
             for sub in (progress_sub, verdict_sub):
                 with contextlib.suppress(Exception):
