@@ -1,0 +1,220 @@
+"""RD-Agent's fine-tuning evaluator, run by ftbus: install ``ftbus[rdagent]`` and set
+``FT_RUNNER=ftbus.rdagent.FtbusFinetuneRunner`` (docs/rdagent.md).
+
+``FtbusRunnerEvaluator`` takes the place of ``rdagent.scenarios.finetune.train.eval.FTRunnerEvaluator``:
+instead of processing the data, training and benchmarking in the agent's own process, it sends the
+implementation's files and the task (base model, benchmark, description, datasets) to ftbus, waits
+for the verdict, and hands RD-Agent what its own evaluator would have:
+
+- a ``CoSTEERSingleFeedback`` (``execution``, ``return_checking``, ``code``, ``final_decision``,
+  ``raw_execution``), also set as ``implementation.feedback``;
+- ``implementation.running_info.running_time``: the training stage's wall time, set once training
+  ran (as RD-Agent sets it after its training command, whether that succeeded or not);
+- ``implementation.running_info.result``, once training succeeded and the validation benchmark ran:
+  ``{"benchmark": {"accuracy_summary", "error_samples"}, "benchmark_test": {...},
+  "training_metrics": {"loss_history": {"train": [...], "eval": [...]}, "final_loss", "initial_loss"}}``;
+- ``data_stats.json`` injected into the workspace after data processing succeeded.
+
+``benchmark_test`` (the hidden test split; RD-Agent shows it in its UI and never gives it to the
+agent) needs a NATS user allowed to read reports: set ``FTBUS_REPORT_NATS_URL`` (and, if that user's
+inbox is not ``dashboard``, ``FTBUS_REPORT_CLIENT_NAME``). Without it ``benchmark_test`` is ``{}``.
+
+The evaluator holds only settings (no connection: each ``evaluate`` opens its own), so it pickles
+into RD-Agent's worker processes, and any number of parallel loops may share one ftbus.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rdagent.app.finetune.llm.conf import FT_RD_SETTING
+from rdagent.components.coder.CoSTEER import CoSTEER
+from rdagent.components.coder.CoSTEER.evaluators import (
+    CoSTEEREvaluator,
+    CoSTEERMultiEvaluator,
+    CoSTEERSingleFeedback,
+)
+from rdagent.components.coder.finetune.conf import FT_YAML_FILE_NAME
+from rdagent.log import rdagent_logger as logger
+from rdagent.scenarios.finetune.train.runner import (
+    FTRunnerEvolvingStrategy,
+    FTRunnerSettings,
+    LLMFinetuneRunner,
+)
+
+from ftbus.client import Client
+from shared.events import BenchmarkScores, FailedStage, Report, TrainingMetrics, Verdict
+
+# RD-Agent's UI finds the runner's feedback under its evaluator's tag.
+LOG_TAG = "evaluator_feedback.FTRunnerEvaluator"
+# Where a verdict says training never produced a model: RD-Agent then leaves running_info.result unset.
+_NO_MODEL = {FailedStage.precheck, FailedStage.data_processing, FailedStage.training, FailedStage.cancelled}
+_NO_DATA = {FailedStage.precheck, FailedStage.data_processing, FailedStage.cancelled}
+
+
+class FtbusRunnerEvaluator(CoSTEEREvaluator):
+    """A drop-in for RD-Agent's ``FTRunnerEvaluator`` that evaluates through ftbus."""
+
+    def __init__(self, scen: Any = None, *, client: Client | None = None, timeout_s: float | None = None,
+                 report_timeout_s: float = 120.0) -> None:
+        """``client``: which ftbus (default ``Client()``: FTBUS_NATS_URL or the server `ftbus up`
+        recorded). ``timeout_s``: give up waiting for a verdict after this long (default: never;
+        ftbus's own stage timeouts and sweeper always end a request)."""
+        super().__init__(scen)
+        self.client = client if client is not None else Client()
+        self.timeout_s = timeout_s
+        self.report_timeout_s = report_timeout_s
+
+    def evaluate(
+        self,
+        target_task: Any,
+        implementation: Any,
+        gt_implementation: Any = None,
+        queried_knowledge: Any = None,
+        **kwargs: Any,
+    ) -> CoSTEERSingleFeedback:
+        if FT_YAML_FILE_NAME not in implementation.file_dict:  # word for word RD-Agent's own check
+            fb = CoSTEERSingleFeedback(
+                execution=f"No {FT_YAML_FILE_NAME} found in workspace",
+                return_checking="Config file missing",
+                code="No valid configuration file",
+                final_decision=False,
+            )
+            implementation.feedback = fb
+            logger.log_object(fb, tag=LOG_TAG)
+            return fb
+
+        verdict, train_seconds, report = self.client.run(
+            lambda client: self._evaluate(client, target_task, dict(implementation.file_dict))
+        )
+        logger.info(f"ftbus verdict {verdict.request_id}: status={verdict.status} "
+                    f"final_decision={verdict.final_decision} failed_stage={verdict.failed_stage}")
+        apply_verdict(implementation, verdict, train_seconds, report)
+        fb = feedback_of(verdict)
+        implementation.feedback = fb
+        logger.log_object(fb, tag=LOG_TAG)
+        return fb
+
+    async def _evaluate(
+        self, client: Client, task: Any, files: dict[str, str]
+    ) -> tuple[Verdict, float | None, Report | None]:
+        with tempfile.TemporaryDirectory(prefix="ftbus-rdagent-") as tmp:
+            workspace = write_files(Path(tmp), files)
+            rid = await client.submit(
+                workspace, base_model=task.base_model, benchmark=task.benchmark,
+                description=getattr(task, "description", "") or "",
+                datasets=list(getattr(task, "involving_datasets", None) or []),
+            )
+        logger.info(f"ftbus request {rid}: {task.base_model} on {task.benchmark}")
+        verdict = await client.wait(rid, timeout_s=self.timeout_s)
+        view = await client.status(rid)
+        timing = view.stages.get("train") if view is not None else None
+        train_seconds = timing.duration_s if timing is not None else None
+        return verdict, train_seconds, await self._report(client, rid)
+
+    async def _report(self, client: Client, request_id: str) -> Report | None:
+        settings = client.settings
+        if not settings.report_nats_url:
+            return None
+        reader = Client(settings=settings.model_copy(
+            update={"nats_url": settings.report_nats_url, "client_name": settings.report_client_name}))
+        async with reader:
+            report = await reader.connection.wait(request_id, report=True, timeout_s=self.report_timeout_s)
+        return report if isinstance(report, Report) else None
+
+
+class FtbusFinetuneRunner(LLMFinetuneRunner):
+    """RD-Agent's ``LLMFinetuneRunner`` with ``FtbusRunnerEvaluator`` in place of ``FTRunnerEvaluator``:
+    what ``FT_RUNNER`` names. Everything else (settings, evolving strategy, loop limits) is RD-Agent's."""
+
+    def __init__(self, scen: Any, *args: Any, **kwargs: Any) -> None:
+        eva = CoSTEERMultiEvaluator(single_evaluator=[FtbusRunnerEvaluator(scen=scen)], scen=scen)
+        settings = FTRunnerSettings()
+        es = FTRunnerEvolvingStrategy(scen=scen, settings=settings, improve_mode=True)
+        CoSTEER.__init__(  # LLMFinetuneRunner.__init__ builds its own evaluator: skip it, keep the rest
+            self,
+            *args,
+            settings=settings,
+            eva=eva,
+            es=es,
+            evolving_version=2,
+            scen=scen,
+            max_loop=getattr(FT_RD_SETTING, "runner_max_loop", 1),
+            stop_eval_chain_on_fail=True,
+            **kwargs,
+        )
+
+
+# ---------------------------------------------------------------------- verdict -> RD-Agent's shapes
+
+
+def write_files(root: Path, files: dict[str, str]) -> Path:
+    """The implementation's files (``FBWorkspace.file_dict``) as a folder ftbus can upload."""
+    for name, content in files.items():
+        rel = PurePosixPath(name)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ValueError(f"workspace file {name!r} is outside the workspace")
+        path = root.joinpath(*rel.parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str) else str(content), encoding="utf-8")
+    return root
+
+
+def feedback_of(verdict: Verdict) -> CoSTEERSingleFeedback:
+    fb = CoSTEERSingleFeedback(
+        execution=verdict.execution,
+        return_checking=verdict.return_checking,
+        code=verdict.code,
+        final_decision=verdict.final_decision,
+    )
+    fb.raw_execution = verdict.raw_execution
+    return fb
+
+
+def benchmark_result(scores: BenchmarkScores | None) -> dict[str, Any]:
+    """What RD-Agent's ``run_benchmark`` returns: ``{"accuracy_summary", "error_samples"}``."""
+    if scores is None:
+        return {}
+    return {
+        "accuracy_summary": {ds: dict(metrics) for ds, metrics in scores.accuracy_summary.items()},
+        "error_samples": [s.model_dump() for s in scores.error_samples],
+    }
+
+
+def training_metrics(metrics: TrainingMetrics) -> dict[str, Any]:
+    """RD-Agent's ``extract_loss_history`` and the two losses it derives from it."""
+    history = metrics.loss_history
+    loss_history = {
+        "train": [{"step": p.step, "epoch": p.epoch, "loss": p.loss} for p in history.train],
+        "eval": [{"step": p.step, "epoch": p.epoch, "eval_loss": p.eval_loss} for p in history.eval],
+    }
+    train = loss_history["train"]
+    return {
+        "loss_history": loss_history,
+        "final_loss": train[-1]["loss"] if train else None,
+        "initial_loss": train[0]["loss"] if train else None,
+    }
+
+
+def apply_verdict(implementation: Any, verdict: Verdict, train_seconds: float | None,
+                  report: Report | None = None) -> None:
+    """Fill ``implementation`` as RD-Agent's evaluator leaves it after the same outcome."""
+    stats = verdict.result.data_stats
+    if stats is not None and stats.total_samples > 0 and verdict.failed_stage not in _NO_DATA:
+        implementation.inject_files(**{"data_stats.json": json.dumps({
+            "total_samples": stats.total_samples,
+            "token_stats": {col: s.model_dump() for col, s in stats.token_stats.items()},
+            "stdout_summary": stats.stdout_summary,
+        }, indent=2)})
+    if train_seconds is not None:
+        implementation.running_info.running_time = train_seconds
+    if verdict.failed_stage in _NO_MODEL or verdict.result.benchmark is None:
+        return
+    implementation.running_info.result = {
+        "benchmark": benchmark_result(verdict.result.benchmark),  # agent-visible: SOTA judgment
+        "benchmark_test": benchmark_result(report.benchmark_test if report else None),  # UI only
+        "training_metrics": training_metrics(verdict.result.training_metrics),
+    }
