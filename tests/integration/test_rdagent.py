@@ -166,12 +166,16 @@ async def test_one_evaluation_feeds_rdagents_readers_and_the_report_fills_benchm
         assert sample["question"] not in prompt
 
 
-async def test_a_workspace_without_train_yaml_gets_rdagents_own_answer_and_sends_nothing(
+async def test_ft_runner_selects_ftbus_and_a_workspace_without_train_yaml_sends_nothing(
     pipeline: Pipeline, settings: Settings, rdagent_python: Path, tmp_path: Path
 ) -> None:
     await pipeline.start()
     ws = write_workspace(tmp_path / "ws")
-    run = (await drive(rdagent_python, settings, tmp_path / "rd", "no-yaml", ws))["run"]
+    report = await drive(rdagent_python, settings, tmp_path / "rd", "no-yaml", ws,
+                         extra_env={"FT_RUNNER": "ftbus.rdagent.FtbusFinetuneRunner"})
+    # RD-Agent's own setting picks the runner, whose only evaluator is ftbus's.
+    assert report["runner"] == {"class": "ftbus.rdagent.FtbusFinetuneRunner", "evaluators": ["FtbusRunnerEvaluator"]}
+    run = report["run"]
     assert (run["execution"], run["return_checking"], run["code"], run["final_decision"]) == (
         "No train.yaml found in workspace", "Config file missing", "No valid configuration file", False)
     assert run["result"] is None

@@ -141,6 +141,13 @@ def main() -> int:
         ws.file_dict.pop("train.yaml", None)
         fb = evaluator.evaluate(task(), ws, None)
         report["run"] = observe(fb, ws)
+        # The one setting a user changes: RD-Agent builds its runner from FT_RUNNER.
+        from rdagent.app.finetune.llm.conf import FT_RD_SETTING
+        from rdagent.core.utils import import_class
+
+        runner = import_class(FT_RD_SETTING.runner)(scen=None)
+        report["runner"] = {"class": type(runner).__module__ + "." + type(runner).__name__,
+                            "evaluators": [type(e).__name__ for e in runner.evaluator.single_evaluator]}
     else:
         raise SystemExit(f"unknown case {case}")
     print(json.dumps(report, default=str))
