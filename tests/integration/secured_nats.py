@@ -30,11 +30,7 @@ _VIOLATION_RE = re.compile(r'"(?P<account>[^"/]+)/user:(?P<user>[^"]+)" - (?P<ki
 
 def config_users() -> list[str]:
     """Every `user:` of accounts.conf, in file order."""
-    return re.findall(r"^\s*\{?\s*user:\s*([A-Za-z0-9_-]+)", _strip_comments(ACCOUNTS_CONF.read_text()), re.M)
-
-
-def _strip_comments(text: str) -> str:
-    return "\n".join(line.split("#", 1)[0] if not line.lstrip().startswith('"') else line for line in text.splitlines())
+    return re.findall(r"^\s*\{?\s*user:\s*([A-Za-z0-9_-]+)", ACCOUNTS_CONF.read_text(), re.M)
 
 
 def _jetstream_block(conf: str) -> str:

@@ -2,6 +2,7 @@
 the permission table (permission_table.py, run live by test_permissions.py) must name the same
 things.
 
+- accounts.conf is exactly what shared/permissions.py generates from the code's names;
 - every subject, stream, KV bucket, Object Store and durable consumer of the code has a rule in
   accounts.conf, and a row in the permission table (so each user's access to it is asserted live);
 - every stream, bucket, store and consumer that accounts.conf names exists in the code (a rename
@@ -14,10 +15,13 @@ No server needed: this reads files and the code.
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 
+from shared.embedded import nats_server_binary
 from shared.events import Stage
+from shared.permissions import render
 from shared.settings import Settings
 from shared.subjects import Subjects, topology_stream_names
 from tests.integration.permission_table import CONNECTION_NAMES, TABLE, markdown_table
@@ -138,3 +142,30 @@ def test_docs_show_the_current_permission_table() -> None:
         "docs/operations.md's permission table is stale: regenerate it with "
         "`.venv/bin/python -m tests.integration.permission_table`"
     )
+
+
+def test_accounts_conf_is_generated_from_the_code() -> None:
+    assert ACCOUNTS_CONF.read_text() == render(S), (
+        f"{ACCOUNTS_CONF.relative_to(REPO)} differs from what shared/permissions.py generates: edit the rules "
+        "there and run `.venv/bin/python -m shared.permissions --write` (see `--check` for the diff)"
+    )
+
+
+def test_the_generator_serves_another_subject_prefix(tmp_path) -> None:
+    other = Subjects("t1ab")
+    text = render(other)
+    names = [rule for rule in re.findall(r'"([^"]+)"', "\n".join(
+        line.split("#", 1)[0] for line in text.splitlines()))]
+    leftovers = [n for n in names if re.search(r"(^|[.$_])(ftbus|FTBUS)[._]", n)]
+    assert not leftovers, f"rules that still name the default prefix: {leftovers}"
+    assert "_INBOX.ftbus-data.>" in names  # connection names do not change with the prefix
+    # and the server accepts it
+    (tmp_path / "accounts.conf").write_text(text)
+    (tmp_path / "server.conf").write_text(
+        f'listen: 127.0.0.1:-1\njetstream {{ store_dir: "{tmp_path / "js"}" }}\ninclude ./accounts.conf\n'
+    )
+    env = {f"NATS_{user.upper()}_PASSWORD": "x" for user in
+           ("admin", "aggregate", "data", "train", "bench", "judge", "agent", "dashboard", "sys")}
+    check = subprocess.run([str(nats_server_binary()), "-c", str(tmp_path / "server.conf"), "-t"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert check.returncode == 0, check.stderr + check.stdout
