@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
+import psutil
 from pydantic import BaseModel
 
 from shared.events import ArtifactRef, StageOutcome
@@ -86,73 +87,43 @@ class Runner(Protocol):
         on_line: LineCallback | None = None,
         tail_chars: int = 20000,
         sandbox: Sandbox | None = None,
+        cancel: asyncio.Event | None = None,
     ) -> RunResult: ...
 
 
 # ---------------------------------------------------------------------------- process trees
 
 
-def _proc_table() -> list[tuple[int, str, int, int]] | None:
-    """(pid, state, pgrp, session) of every process, from /proc; None where there is no /proc."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return None
-    table = []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                raw = fh.read().decode("ascii", "replace")
-        except OSError:
-            continue  # exited meanwhile
-        # The command name is in parentheses and may itself hold spaces or ')'.
-        fields = raw[raw.rfind(")") + 2 :].split()
-        if len(fields) < 4:
-            continue
-        table.append((int(name), fields[0], int(fields[2]), int(fields[3])))
-    return table
-
-
-def tree_members(sid: int) -> list[int] | None:
+def tree_members(sid: int) -> list[int]:
     """Live processes of the session/process group led by ``sid`` (the child we started).
 
     Zombies don't count: they are dead, and where PID 1 does not reap orphans (some container
     inits) they would otherwise look alive forever. A process that made its own process group
     inside the session (shell job control, some launchers) is still found through its session.
-    Returns None where /proc is unavailable.
     """
-    table = _proc_table()
-    if table is None:
-        return None
     me = os.getpid()
-    return [
-        pid
-        for pid, state, pgrp, session in table
-        if (pgrp == sid or session == sid) and state not in ("Z", "X") and pid != me
-    ]
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        if proc.pid == me or proc.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            continue
+        try:
+            if os.getpgid(proc.pid) == sid or os.getsid(proc.pid) == sid:
+                members.append(proc.pid)
+        except (ProcessLookupError, PermissionError):
+            continue  # exited meanwhile, or not ours to see
+    return members
 
 
 def _signal_tree(sid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, sig)
-    for pid in tree_members(sid) or ():
+    for pid in tree_members(sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
 
 def _tree_alive(sid: int) -> bool:
-    members = tree_members(sid)
-    if members is not None:
-        return bool(members)
-    try:
-        os.killpg(sid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return bool(tree_members(sid))
 
 
 # ---------------------------------------------------------------------------- output
@@ -375,7 +346,7 @@ class LocalRunner:
             elif how == "cancel":
                 await self._terminate(sid, proc, self.cancel_grace_s)
             elif _tree_alive(sid):
-                stragglers = len(tree_members(sid) or ()) or 1
+                stragglers = len(tree_members(sid)) or 1
                 await self._terminate(sid, proc, self.kill_grace_s)
             # Notes go after the drained output, so they are the log's last lines.
             await self._drain(proc, pump, output)
@@ -495,19 +466,18 @@ OWNER_ENV = "FTBUS_WORKER"
 
 
 def _start_time(pid: int) -> str:
-    """A process's start time in clock ticks: a pid plus this identifies it even after pid reuse."""
+    """A process's start time: a pid plus this identifies it even after pid reuse."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
         return "?"
 
 
 def _alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
-    return state not in {"Z", "X"}
 
 
 def reap_orphans() -> list[int]:
@@ -518,29 +488,22 @@ def reap_orphans() -> list[int]:
     only processes of this user whose owning worker is gone (or was replaced by another process
     with the same pid) are killed. Returns the pids killed.
     """
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return []
     uid = os.getuid()
-    marker = f"{OWNER_ENV}=".encode()
+    me = os.getpid()
     killed: list[int] = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter(["uids"]):
+        if proc.pid == me or proc.info["uids"] is None or proc.info["uids"].real != uid:
             continue
         try:
-            if entry.stat().st_uid != uid:
-                continue
-            environ = (entry / "environ").read_bytes()
-        except OSError:
+            tag = proc.environ().get(OWNER_ENV)
+        except psutil.Error:
             continue
-        tag = next((v[len(marker):] for v in environ.split(b"\0") if v.startswith(marker)), None)
         if tag is None:
             continue
-        owner, _, started = tag.decode(errors="replace").partition(":")
+        owner, _, started = tag.partition(":")
         if owner.isdigit() and _alive(int(owner)) and _start_time(int(owner)) == started:
             continue  # its worker is alive: not an orphan
-        pid = int(entry.name)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            killed.append(proc.pid)
     return killed

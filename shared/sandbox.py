@@ -17,6 +17,7 @@ import os
 import socket
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.logs import get_logger
@@ -70,14 +71,9 @@ LOCAL_WARNING = (
 def host_identity() -> str:
     """This worker process, as recorded on the containers it starts: ``host:pid:start-time``.
 
-    The start time (clock ticks since boot, from /proc) tells a live owner from a reused pid.
-    """
+    The start time tells a live owner from a reused pid."""
     pid = os.getpid()
-    try:
-        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        started = "?"
-    return f"{socket.gethostname()}:{pid}:{started}"
+    return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time():.2f}"
 
 
 def owner_alive(owner: str) -> bool:
@@ -89,7 +85,8 @@ def owner_alive(owner: str) -> bool:
     if not pid_text.isdigit():
         return False
     try:
-        fields = Path(f"/proc/{pid_text}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        proc = psutil.Process(int(pid_text))
+        return proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) and \
+            f"{proc.create_time():.2f}" == started
+    except psutil.Error:
         return False
-    return fields[0] not in {"Z", "X"} and fields[19] == started

@@ -93,9 +93,10 @@ def test_sizes() -> None:
 
 
 def test_owner_alive() -> None:
+    import psutil
+
     host = os.uname().nodename
-    stat = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
-    assert owner_alive(f"{host}:{os.getpid()}:{stat[19]}")
+    assert owner_alive(f"{host}:{os.getpid()}:{psutil.Process().create_time():.2f}")
     assert not owner_alive(f"{host}:{os.getpid()}:1")  # same pid, another process (reused)
     assert not owner_alive(f"{host}:999999999:1")
     assert owner_alive("another-host:1:1")  # not ours to judge
