@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -95,7 +95,6 @@ class RequestContext(Model):
 
 
 class Event(Model):
-    subject_kind: ClassVar[str] = ""
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: RequestId
     emitted_at: datetime = Field(default_factory=utcnow)
@@ -398,10 +397,3 @@ EVENT_TYPES: dict[str, type[BaseModel]] = {
     )
 }
 
-
-def event_type_name(event: BaseModel) -> str:
-    return type(event).__name__
-
-
-def json_safe(event: BaseModel) -> dict[str, Any]:
-    return event.model_dump(mode="json")

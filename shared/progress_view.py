@@ -24,7 +24,6 @@ class ProgressView:
             transient=False,
         )
         self.tasks: dict[str, TaskID] = {}
-        self.last_step: dict[str, int] = {}
 
     def __enter__(self) -> ProgressView:
         self.progress.start()
@@ -50,7 +49,6 @@ class ProgressView:
         elif event.message:
             status = f"{event.state}: {event.message}"[:60]
         if event.step is not None and event.total:
-            self.last_step[stage] = event.step
             self.progress.update(task, total=event.total, completed=event.step, status=status)
         elif event.state in ("finished", "failed"):
             total = self.progress.tasks[self.tasks[stage]].total or 1
