@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from shared.train_yaml import TrainYamlError, dump_yaml, load_yaml
 
 #: Values the evaluator owns; a candidate's own value for these is replaced.
 SYSTEM_MANAGED_PARAMS: dict[str, Any] = {
@@ -69,98 +69,13 @@ class PreparedTrainConfig(BaseModel):
 
 # ---------------------------------------------------------------- YAML as LlamaFactory reads it
 
-# OmegaConf's float pattern: YAML 1.2 style, so ``1e-4`` and ``5e-5`` are floats (YAML 1.1 says str).
-_FLOAT = re.compile(
-    r"""^(?:
-     [-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.X,
-)
-_FLOAT_TAG = "tag:yaml.org,2002:float"
-_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-class _Loader(yaml.SafeLoader):
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        # OmegaConf refuses duplicate keys; PyYAML would silently keep the last one.
-        seen: dict[str, yaml.Mark] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
-                if key_node.value in seen:
-                    first = seen[key_node.value]
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {key_node.value!r} appears twice (first at line {first.line + 1})",
-                        key_node.start_mark,
-                    )
-                seen[key_node.value] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-for _cls in (_Loader, _Dumper):
-    _cls.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+0123456789."))
-# Dates stay strings when read (as in OmegaConf). The dumper keeps the timestamp rule, so it quotes
-# date-like strings and any YAML reader, OmegaConf or not, reads them back as strings.
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != _TIMESTAMP_TAG]
-    for first, resolvers in _Loader.yaml_implicit_resolvers.items()
-}
-
-
-# A YAML "alias bomb" (nested anchors, each alias repeating the one before) loads as a small
-# shared graph but expands to billions of values in anything that walks it (a dump, a copy, the
-# trainer's own parser). No LlamaFactory config comes near this many values.
-_MAX_VALUES = 100_000
-
-
-def _count_values(data: Any, limit: int) -> int:
-    """Values in ``data`` as it expands (shared parts counted each time), counting stops past ``limit``."""
-    count = 0
-    stack = [data]
-    while stack and count <= limit:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
-
 
 def _load_yaml(text: str, what: str) -> Any:
+    """The config as LlamaFactory reads it (shared/train_yaml.py, also the judge's reader)."""
     try:
-        data = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: no arbitrary objects
-        if _count_values(data, _MAX_VALUES) > _MAX_VALUES:
-            raise TrainConfigError(
-                f"{what} expands to more than {_MAX_VALUES} values (YAML anchors and aliases repeated "
-                "inside each other, an 'alias bomb'): write the config out plainly"
-            )
-        return data
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
-        raise TrainConfigError(
-            f"{what} is not valid YAML: {problem}{where}; fix the syntax (indent with spaces, "
-            "quote values that contain ': ' or ' #')"
-        ) from None
-
-
-def _dump_yaml(config: dict[str, Any]) -> str:
-    return yaml.dump(
-        config, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10_000
-    )
+        return load_yaml(text, what)
+    except TrainYamlError as exc:
+        raise TrainConfigError(exc.message) from None
 
 
 # ---------------------------------------------------------------- model
@@ -442,7 +357,7 @@ def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> P
 
     header = "# Rewritten by ftbus: system-managed values set, model_name_or_path made absolute.\n"
     return PreparedTrainConfig(
-        yaml_text=header + _dump_yaml(config),
+        yaml_text=header + dump_yaml(config),
         model_path=model_path,
         dataset_dir=dataset_dir,
         finetuning_type=finetuning_type.strip(),

@@ -12,9 +12,9 @@ from services.trainer.config import (
     SYSTEM_MANAGED_PARAMS,
     PreparedTrainConfig,
     TrainConfigError,
-    _Loader,
     prepare_train_yaml,
 )
+from shared.train_yaml import TrainYamlLoader as _Loader
 
 GOOD = """\
 ### model
