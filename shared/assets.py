@@ -11,10 +11,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from shared.offline import OFFLINE_ENV
+
 BUILD_SCRIPT = Path(__file__).resolve().parent / "toolchain" / "build_assets.py"
 
 # The builder needs no network; saying so keeps transformers from probing the Hub.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 _HINT = "run `make toolchain` (or set FTBUS_TOOLCHAIN_BIN to a folder with the toolchain's python)"
 

@@ -25,10 +25,8 @@ from services.benchmark.registry import BenchmarkSpec
 from services.benchmark.scoring import assemble_scores
 from services.benchmark.splits import SplitManifest, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
+from shared.offline import OFFLINE_ENV
 
-# Nothing reaches for the Hub: models and data are local paths.
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
 TASK_PREFIX = "ftbus"
 NO_FILTER = "none"
 # lm-eval compares predictions and references after removing these: a model answering " 42" or

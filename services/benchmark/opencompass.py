@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.benchmark.lmeval import OFFLINE_ENV, ModelSelection, has_chat_template
+from services.benchmark.lmeval import ModelSelection, has_chat_template
 from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
 from services.benchmark.scoring import assemble_scores
 from services.benchmark.splits import SplitManifest, split_items, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
+from shared.offline import OFFLINE_ENV
 
 PLUGIN_MODULE = "ftbus_oc_plugin"
 CONFIG_FILE = "config.py"

@@ -27,6 +27,7 @@ from shared.events import (
     WorkspaceFile,
 )
 from shared.logs import get_logger
+from shared.offline import OFFLINE_ENV
 from shared.quota import with_quota
 from shared.runner import Runner
 from shared.runtime import Outgoing, StageContext, StageWorker
@@ -35,19 +36,8 @@ from shared.stage_runner import make_runner
 
 log = get_logger("ftbus.trainer")
 
-# LlamaFactory and the HF libraries must never reach for the network: assets are local.
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "DISABLE_VERSION_CHECK": "1",
-    "WANDB_DISABLED": "true",
-    "WANDB_MODE": "disabled",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONUNBUFFERED": "1",
-    "PYTHONWARNINGS": "ignore",
-}
+# LlamaFactory on top of the offline environment: no version check against PyPI, output as it comes.
+TRAIN_ENV = {**OFFLINE_ENV, "DISABLE_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def _result(event: DataResult, ctx: StageContext, train: TrainSummary, error: str | None) -> list[Outgoing]:
@@ -88,7 +78,7 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     timeout = settings.timeout_for("training", event.context.timeouts.training)
     output_dir = workspace / "output"
     log_path = ctx.workdir / "training.log"
-    env = {**OFFLINE_ENV, "FTBUS_ASSETS_DIR": str(settings.assets)}
+    env = {**TRAIN_ENV, "FTBUS_ASSETS_DIR": str(settings.assets)}
     stop_following = asyncio.Event()
     follower = asyncio.create_task(_publish_progress(ctx, output_dir / "trainer_log.jsonl", stop_following))
     try:
