@@ -6,7 +6,7 @@ TOOLCHAIN := .toolchain
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean
+.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos
 
 install: $(STAMP)
 
@@ -78,6 +78,11 @@ bench: install toolchain sandbox-for-tests
 	$(BIN)/python bench/pipeline_vs_direct.py
 	$(BIN)/python bench/sandbox_overhead.py
 	$(BIN)/python bench/soak.py  # 1,000 fast requests: every service's memory growth per 1,000 requests
+
+# Requests under scheduled faults on a 3-node nats-server cluster, then the checker's table
+# (lost, duplicated, wrong, error verdicts, leftovers, latency); ~10 min on 2 cores. See docs/operations.md.
+chaos: install
+	$(BIN)/python -m chaos.run
 
 lint: install
 	$(BIN)/ruff check .

@@ -112,7 +112,10 @@ class Load:
     rate_s: float = 1.0
     cancel_after_s: float = 4.0
     seed: int = 1
+    poll_s: float = 2.0
     requests: list[Request] = field(default_factory=list)
+    submitting: bool = False
+    _end: float = 0.0
 
     def plan(self) -> list[Request]:
         rng = random.Random(self.seed)
@@ -123,48 +126,69 @@ class Load:
         self.requests = [Request(f"c{stamp}-{i:04d}-{secrets.token_hex(2)}", kind) for i, kind in enumerate(kinds)]
         return self.requests
 
-    async def run(self, client: Any, deadline_s: float, stop: asyncio.Event | None = None) -> None:
+    async def run(self, client: Any, deadline_s: float) -> None:
         """Submit all (retrying), cancel the cancel kind, wait for every verdict until ``deadline_s``."""
         if not self.requests:
             self.plan()
         loop = asyncio.get_running_loop()
-        end = loop.time() + deadline_s
-        waiters = []
-        for i, req in enumerate(self.requests):
-            ws = workspace(self.root / req.rid, req.kind, salt=req.rid if i % 10 == 0 else "")
-            req.submitted_at = time.monotonic()
-            try:
-                req.submit_attempts = await submit_retrying(client, ws, req.rid, timeouts_for(req.kind))
-            except Exception as exc:  # counted as lost by the checker unless a verdict exists anyway
-                req.submit_error = f"{type(exc).__name__}: {exc}"
-            waiters.append(asyncio.create_task(self._wait(client, req, end)))
+        self._end = loop.time() + deadline_s
+        self.submitting = True
+        poller = asyncio.create_task(self._poll(client))
+        cancels = []
+        for i, req in enumerate(list(self.requests)):
+            await self._submit(client, req, salt=req.rid if i % 10 == 0 else "")
             if req.kind == "cancel":
-                waiters.append(asyncio.create_task(self._cancel_later(client, req)))
-            if stop is not None and stop.is_set():
-                break
+                cancels.append(asyncio.create_task(self._cancel_later(client, req)))
             await asyncio.sleep(self.rate_s)
-        await asyncio.gather(*waiters, return_exceptions=True)
+        self.submitting = False
+        await asyncio.gather(*cancels, return_exceptions=True)
+        await poller
+
+    async def wait_more(self, client: Any, seconds: float) -> None:
+        """Poll for the verdicts still missing, for up to ``seconds`` more."""
+        self._end = asyncio.get_running_loop().time() + seconds
+        self.submitting = False
+        await self._poll(client)
+
+    async def extra(self, client: Any, kind: str = "pass") -> str:
+        """One more request, outside the plan; returns its id once its submit is acknowledged."""
+        req = Request(f"x{time.strftime('%H%M%S')}-{secrets.token_hex(3)}", kind)
+        self.requests.append(req)
+        await self._submit(client, req, salt="")
+        return req.rid
+
+    async def _submit(self, client: Any, req: Request, salt: str) -> None:
+        ws = workspace(self.root / req.rid, req.kind, salt=salt)
+        req.submitted_at = time.monotonic()
+        try:
+            req.submit_attempts = await submit_retrying(client, ws, req.rid, timeouts_for(req.kind))
+        except Exception as exc:  # reported by the checker
+            req.submit_error = f"{type(exc).__name__}: {exc}"
 
     async def _cancel_later(self, client: Any, req: Request) -> None:
         await asyncio.sleep(self.cancel_after_s)
-        for _ in range(30):
+        for _ in range(60):
             try:
                 await client.cancel(req.rid, "chaos: cancelled by the load")
                 return
             except Exception:
                 await asyncio.sleep(1)
 
-    async def _wait(self, client: Any, req: Request, end: float) -> None:
+    async def _poll(self, client: Any) -> None:
+        """One loop reads the verdicts of all pending requests, every ``poll_s``."""
         loop = asyncio.get_running_loop()
-        while req.verdict is None and loop.time() < end:
-            try:
-                verdict = await client.get(req.rid)
-            except Exception:
-                verdict = None
-            if verdict is not None:
-                req.verdict, req.verdict_at = verdict, time.monotonic()
+        while loop.time() < self._end:
+            pending = [r for r in self.requests if r.verdict is None and r.submitted_at]
+            if not pending and not self.submitting:
                 return
-            await asyncio.sleep(1.0)
+            for req in pending:
+                try:
+                    verdict = await asyncio.wait_for(client.get(req.rid), timeout=5)
+                except Exception:
+                    verdict = None
+                if verdict is not None:
+                    req.verdict, req.verdict_at = verdict, time.monotonic()
+            await asyncio.sleep(self.poll_s)
 
 
 async def submit_retrying(client: Any, ws: Path, rid: str, timeouts: Timeouts, attempts: int = 20) -> int:

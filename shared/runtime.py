@@ -225,7 +225,7 @@ class StageWorker:
         log.info("stage started", delivery=deliveries, subject=msg.subject)
         if self.announce:
             await ctx.progress("started", message=f"attempt {deliveries}")
-        heartbeat = asyncio.create_task(self._heartbeat(msg))
+        heartbeat = asyncio.create_task(self._heartbeat(msg, request_id))
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
         try:
@@ -276,12 +276,16 @@ class StageWorker:
         steps = self.bus.settings.retry_backoff_s or [1.0]
         return float(steps[min(deliveries - 1, len(steps) - 1)])
 
-    async def _heartbeat(self, msg: Msg) -> None:
+    async def _heartbeat(self, msg: Msg, request_id: str) -> None:
         interval = min(self.bus.settings.heartbeat_s, self.bus.settings.ack_wait_s / 3)
         while True:
             await asyncio.sleep(interval)
             try:
                 await msg.in_progress()
+                # A cancel is a core NATS message: one sent while this worker was cut off (a node
+                # failover, a SIGSTOP) never arrives. The status record keeps it: look there too.
+                if self.skip_cancelled and await self._is_cancelled(request_id):
+                    self._cancel_running(request_id, "cancelled (seen in the status record)")
             except Exception as exc:  # a lost connection: the next beat may get through
                 log.warning("heartbeat failed", error=str(exc))
 
@@ -336,11 +340,14 @@ class StageWorker:
             event = codec.decode(msg.data, CancelRequested)
         except codec.CodecError:
             return  # the aggregator dead-letters bad control messages
-        task = self._running.get(event.request_id)
+        self._cancel_running(event.request_id, event.reason)
+
+    def _cancel_running(self, request_id: str, reason: str) -> None:
+        task = self._running.get(request_id)
         if task is not None and not task.done():
-            with bound(request_id=event.request_id, stage=self.stage.value):
-                log.info("cancelling the running stage", reason=event.reason)
-            self._cancelled.add(event.request_id)
+            with bound(request_id=request_id, stage=self.stage.value):
+                log.info("cancelling the running stage", reason=reason)
+            self._cancelled.add(request_id)
             task.cancel()
 
 

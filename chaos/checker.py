@@ -1,0 +1,109 @@
+"""The checker: every request sorted into ok, lost, duplicated or wrong, one table, an exit status.
+
+    lost        no verdict in the verdict stream (after a submit that was acknowledged)
+    duplicated  the verdict stream holds more than one verdict for it, or two verdicts that
+                differ were published for it (identical republications are counted apart: the
+                stream's one-message-per-subject rule absorbs them)
+    wrong       a verdict that is not the one its kind must get; an error verdict is allowed only
+                when a stage exhausted max_deliver (counted with its reason)
+    unsubmitted every submit attempt failed (the client was told: not a lost request, but reported)
+    leftovers   processes of the run (candidates, workers, undertakers, servers) alive after it
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.load import EXPECTED, Request
+
+
+@dataclass
+class Result:
+    requests: int = 0
+    ok: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    republished: int = 0
+    wrong: list[str] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    unsubmitted: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    by_kind: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    max_submit_attempts: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers)
+
+    def percentile(self, q: float) -> float | None:
+        if not self.latencies:
+            return None
+        if len(self.latencies) == 1:
+            return self.latencies[0]
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[int(q) - 1]
+
+    def table(self) -> str:
+        p50, p99 = self.percentile(50), self.percentile(99)
+        rows = [
+            ("requests", f"{self.requests} (" + ", ".join(f"{k} {v}" for k, v in sorted(self.by_kind.items())) + ")"),
+            ("faults", ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"),
+            ("ok", str(self.ok)),
+            ("lost", f"{len(self.lost)} {self.lost[:5] if self.lost else ''}"),
+            ("duplicated", f"{len(self.duplicated)} {self.duplicated[:5] if self.duplicated else ''}"),
+            ("identical republications", f"{self.republished} (absorbed by the verdict stream)"),
+            ("wrong", f"{len(self.wrong)} {self.wrong[:5] if self.wrong else ''}"),
+            ("error verdicts (max_deliver)", ", ".join(f"{k}: {v}" for k, v in self.errors.items()) or "0"),
+            ("unsubmitted", f"{len(self.unsubmitted)} {self.unsubmitted[:5] if self.unsubmitted else ''}"),
+            ("leftovers", f"{len(self.leftovers)} {self.leftovers[:5] if self.leftovers else ''}"),
+            ("latency p50 / p99", f"{p50:.1f} s / {p99:.1f} s" if p50 is not None and p99 is not None else "-"),
+            ("most submit attempts", str(self.max_submit_attempts)),
+            ("result", "FAIL" if self.failed else "PASS"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        line = "+" + "-" * (width + 2) + "+" + "-" * 72 + "+"
+        out = [line, f"| {'chaos check':<{width}} | {'':<70} |", line]
+        out += [f"| {k:<{width}} | {v[:70]:<70} |" for k, v in rows]
+        out.append(line)
+        return "\n".join(out)
+
+
+def check(requests: list[Request], stream_counts: dict[str, int], published: dict[str, set[tuple[str, bool]]],
+          published_counts: Counter[str], leftovers: list[tuple[int, str]], faults: Counter[str],
+          verdict_subject: Any) -> Result:
+    result = Result(requests=len(requests), faults=faults)
+    result.leftovers = [f"{pid} {cmd}" for pid, cmd in leftovers]
+    for req in requests:
+        result.by_kind[req.kind] += 1
+        result.max_submit_attempts = max(result.max_submit_attempts, req.submit_attempts)
+        in_stream = stream_counts.get(verdict_subject(req.rid), 0)
+        if req.verdict is None and in_stream == 0:
+            (result.unsubmitted if req.submit_error else result.lost).append(req.rid)
+            continue
+        if in_stream > 1 or len(published.get(req.rid, set())) > 1:
+            result.duplicated.append(req.rid)
+            continue
+        result.republished += max(0, published_counts.get(req.rid, 0) - 1)
+        verdict = req.verdict
+        if verdict is None:  # in the stream, but the client's deadline passed first
+            result.lost.append(req.rid)
+            continue
+        if req.latency_s is not None:
+            result.latencies.append(req.latency_s)
+        if verdict.status == "error":
+            if "max_deliver" in verdict.execution:
+                stage = verdict.failed_stage.value if verdict.failed_stage else "?"
+                result.errors[f"{stage} max_deliver"] += 1
+                continue
+            result.wrong.append(f"{req.rid} ({req.kind}: error {verdict.execution[:60]})")
+            continue
+        if EXPECTED[req.kind].matches(verdict):
+            result.ok += 1
+        else:
+            stage = verdict.failed_stage.value if verdict.failed_stage else None
+            result.wrong.append(f"{req.rid} ({req.kind}: {verdict.status}/{verdict.final_decision}/{stage})")
+    return result

@@ -1,0 +1,189 @@
+"""`make chaos`: requests under scheduled faults on a 3-node cluster, then the checker's table.
+
+    python -m chaos.run            # the full run: 3 nodes, 2 workers per stage, 120 requests, ~10 min
+    python -m chaos.run --smoke    # a few faults, ~2 min (the pytest smoke test runs this)
+
+Everything is on loopback, under one temporary folder, and stopped at the end; the exit status is
+1 when the checker finds a lost, duplicated or wrong verdict, an unsubmitted request or a leftover
+process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from chaos.ackloss import AckLoss, probe
+from chaos.checker import Result, check
+from chaos.cluster import Cluster
+from chaos.faults import FULL_SCHEDULE, SMOKE_SCHEDULE, Faults
+from chaos.load import Load
+from chaos.services import Services, leftovers, standin_assets, standin_toolchain
+from shared import codec
+from shared.client import FtbusClient
+from shared.events import Verdict
+from shared.logs import setup_logging
+from shared.settings import Settings
+
+
+def settings_for(root: Path, cluster: Cluster, ack_wait_s: float) -> dict[str, Any]:
+    return {
+        "nats_url": cluster.url, "subject_prefix": "chaos" + secrets.token_hex(3), "home": str(root / "home"),
+        "assets_dir": str(standin_assets(root / "assets")), "toolchain_bin": str(standin_toolchain(root / "bin")),
+        "sandbox": "local", "log_format": "json", "log_level": "WARNING", "stream_replicas": 3,
+        "ack_wait_s": ack_wait_s, "heartbeat_s": 1.0, "max_deliver": 5, "retry_backoff_s": [0.5, 1.0, 2.0, 4.0],
+        "sweep_interval_s": 2.0,
+    }
+
+
+async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckLoss], list[str]]:
+    cluster = Cluster(root / "nats", 3, sync_interval=args.sync_interval)
+    cluster.start()
+    cluster.wait_ready()
+    config = settings_for(root, cluster, args.ack_wait)
+    services = Services(root / "logs", config, per_stage=args.per_stage)
+    client = None
+    try:
+        client = await _connect(Settings(**config))
+        subjects = client.bus.subjects
+        published: dict[str, set[tuple[str, bool]]] = {}
+        published_counts: Counter[str] = Counter()
+
+        async def on_verdict(msg: Any) -> None:
+            try:
+                verdict = codec.decode(msg.data, Verdict)
+            except codec.CodecError:
+                return
+            published.setdefault(verdict.request_id, set()).add((verdict.status, verdict.final_decision))
+            published_counts[verdict.request_id] += 1
+
+        await client.bus.nc.subscribe(subjects.verdict(), cb=on_verdict)
+        services.start()
+        load = Load(root / "ws", count=args.requests, rate_s=args.rate, seed=args.seed)
+        load.plan()
+
+        async def leader() -> str | None:
+            info = await client.bus.js.stream_info(subjects.stream_events)
+            return info.cluster.leader if info.cluster else None
+
+        faults = Faults(cluster, services, args.ack_wait, SMOKE_SCHEDULE if args.smoke else FULL_SCHEDULE,
+                        submit_probe=lambda: load.extra(client), leader_of=leader, seed=args.seed)
+        stop_faults = asyncio.Event()
+        fault_task = asyncio.create_task(faults.run(stop_faults))
+        started = time.monotonic()
+        await load.run(client, deadline_s=args.deadline)
+        stop_faults.set()
+        await fault_task
+        print(f"  load done in {time.monotonic() - started:.0f} s", flush=True)
+        await load.wait_more(client, 90)  # requests the faults submitted themselves, stragglers
+
+        info = await _retry(lambda: client.bus.js.stream_info(subjects.stream_verdicts, subjects_filter=">"))
+        stream_counts = dict(info.state.subjects or {})
+        await _explain_missing(client, load)
+        ack_losses = []
+        for mode, trials in (("leader", args.probe_trials), ("all", (args.probe_trials + 2) // 3)):
+            if trials:
+                ack_losses.append(await probe(cluster, trials, mode))
+    finally:
+        if client is not None:
+            await client.close()
+        services.stop()
+        cluster.stop()
+    left = await asyncio.to_thread(leftovers, root)
+    result = check(load.requests, stream_counts, published, published_counts, left, faults.done, subjects.verdict)
+    return result, ack_losses, faults.log
+
+
+async def _explain_missing(client: FtbusClient, load: Load) -> None:
+    """For each request without a verdict: where its record says it is, and each stage's backlog."""
+    missing = [r for r in load.requests if r.verdict is None]
+    if not missing:
+        return
+    for req in missing:
+        try:
+            view = await client.status(req.rid)
+            where = (f"{view.status} at {view.stage}, attempts "
+                     + ", ".join(f"{k}={v.attempts}" for k, v in view.stages.items())) if view else "no record"
+        except Exception as exc:
+            where = f"status unavailable: {exc}"
+        print(f"  no verdict: {req.rid} ({req.kind}, submit attempts {req.submit_attempts}): {where}", flush=True)
+    s = client.bus.subjects
+    for stage in ("data", "train", "bench", "judge", "aggregate"):
+        try:
+            info = await client.bus.js.consumer_info(s.stream_events, f"{s.prefix}-{stage}")
+            print(f"  consumer {stage}: pending {info.num_pending}, ack pending {info.num_ack_pending}, "
+                  f"redelivered {info.num_redelivered}", flush=True)
+        except Exception as exc:
+            print(f"  consumer {stage}: {exc}", flush=True)
+
+
+async def _connect(settings: Settings) -> FtbusClient:
+    for attempt in range(30):
+        try:
+            return await FtbusClient.connect(settings)
+        except Exception:
+            if attempt == 29:
+                raise
+            await asyncio.sleep(1)
+    raise AssertionError("unreachable")
+
+
+async def _retry(call: Any, attempts: int = 30) -> Any:
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="a few faults, about 2 minutes")
+    parser.add_argument("--requests", type=int, default=None)
+    parser.add_argument("--rate", type=float, default=None, help="seconds between submits")
+    parser.add_argument("--deadline", type=float, default=None, help="seconds for the load, verdicts included")
+    parser.add_argument("--per-stage", type=int, default=2)
+    parser.add_argument("--ack-wait", type=float, default=6.0)
+    parser.add_argument("--sync-interval", default="always", help="JetStream sync_interval of every node")
+    parser.add_argument("--probe-trials", type=int, default=None, help="node-dies-after-ack trials")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = parser.parse_args(argv)
+    args.requests = args.requests or (20 if args.smoke else 120)
+    args.rate = args.rate or (1.5 if args.smoke else 2.7)
+    args.deadline = args.deadline or (150 if args.smoke else 540)
+    args.probe_trials = args.probe_trials if args.probe_trials is not None else (2 if args.smoke else 9)
+    setup_logging("console", "ERROR")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ftbus-chaos-") as tmp:
+        result, ack_losses, fault_log = asyncio.run(chaos(args, Path(tmp)))
+    print(result.table())
+    for loss in ack_losses:
+        print(f"node death right after an ack ({loss.mode} killed, sync_interval {args.sync_interval}): "
+              f"{loss.acked} acknowledged, {loss.lost} lost")
+    print(f"chaos run: {time.monotonic() - started:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "failed": result.failed, "requests": result.requests, "ok": result.ok, "lost": result.lost,
+            "duplicated": result.duplicated, "wrong": result.wrong, "errors": dict(result.errors),
+            "unsubmitted": result.unsubmitted, "leftovers": result.leftovers, "faults": dict(result.faults),
+            "p50": result.percentile(50), "p99": result.percentile(99), "fault_log": fault_log,
+            "ack_loss": [loss.__dict__ for loss in ack_losses],
+        }, indent=2))
+    lost_after_ack = sum(loss.lost for loss in ack_losses)
+    return 1 if result.failed or lost_after_ack else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

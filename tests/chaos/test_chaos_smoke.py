@@ -1,0 +1,33 @@
+"""The chaos smoke (`python -m chaos.run --smoke`): a 3-node cluster, two workers per stage, two
+aggregators, 20 requests of every kind, and a few faults (a worker SIGKILLed, a worker SIGSTOPped
+past ack_wait, the events leader's node SIGKILLed, an aggregator restarted). The full run is
+`make chaos`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(900)
+def test_chaos_smoke_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaos.run", "--smoke", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=840, check=False,
+    )
+    report = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert out.is_file(), report
+    result = json.loads(out.read_text())
+    assert result["lost"] == [] and result["duplicated"] == [] and result["wrong"] == [], report
+    assert result["unsubmitted"] == [] and result["leftovers"] == [], report
+    assert sum(result["faults"].values()) >= 4, report  # the faults were really injected
+    assert result["ok"] + sum(result["errors"].values()) == result["requests"] >= 20, report
+    assert all(loss["lost"] == 0 and loss["acked"] > 0 for loss in result["ack_loss"]), report
+    assert proc.returncode == 0, report
