@@ -26,7 +26,7 @@ import pytest
 
 from shared.bus import Bus, PermissionDenied
 from shared.cli import run_services
-from shared.client import FtbusClient
+from shared.client import FtbusClient, WaitTimeout
 from shared.events import Report, TaskSpec, Verdict
 from shared.settings import Settings
 from tests.integration.conftest import write_workspace
@@ -108,7 +108,15 @@ async def one_request(
         await asyncio.sleep(0.5)  # the durable consumers exist
         async with await FtbusClient.connect(settings("agent")) as agent:
             rid = await agent.submit(write_workspace(home / "ws"), TASK)
-            verdict = await agent.wait(rid, timeout_s=120)
+            try:
+                verdict = await agent.wait(rid, timeout_s=120)
+            except WaitTimeout:
+                view = await agent.status(rid)
+                crashed = [f"{t.get_name()}: {t.exception()!r}" for t in tasks if t.done() and t.exception()]
+                raise AssertionError(
+                    f"no verdict in 120 s; status {view.model_dump_json() if view else None}; "
+                    f"crashed workers {crashed}; violations {secured.violations()}"
+                ) from None
             assert isinstance(verdict, Verdict)
             view = await agent.status(rid)
             assert view is not None and view.status == verdict.status
