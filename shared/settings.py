@@ -167,7 +167,11 @@ class Settings(BaseSettings):
         default=None, description="Judge prompt templates (YAML). Default: the repository's prompts/judge.yaml."
     )
     judge_policy: Literal["both", "llm", "rules"] = Field(
-        default="both", description="Who decides when rules pass: both must agree, the LLM, or the rules."
+        default="llm",
+        description="Who decides when every rule passes (a failed rule always fails the candidate): `llm` the "
+        "LLM's answer; `rules` the rules, the LLM only writes the prose; `both` the LLM's answer, and the "
+        "candidate must not score below the base model on validation, a check made with or without an LLM. "
+        "Without an LLM answer the rules decide. See docs/judge.md.",
     )
 
     # ------------------------------------------------------------------ dashboard

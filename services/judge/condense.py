@@ -11,9 +11,12 @@ from __future__ import annotations
 import ast
 import json
 import re
+import signal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT
 
 ERROR_MAX_CHARS = 4000
 TAIL_MAX_CHARS = 2000
@@ -23,8 +26,8 @@ WARNING_MAX_CHARS = 300
 # past this many lines the rest is log noise, not message.
 MAX_MESSAGE_LINES = 25
 
-TIMEOUT_EXIT = 124  # GNU timeout, and what the runners report for a timed-out stage
-SIGKILL_EXITS = (137, -9)  # shell convention 128+9, and Python's returncode for a signal
+# What the runners report for a SIGKILLed stage (128 + 9), and Python's returncode for one.
+SIGKILL_EXITS = (EXIT_OOM_KILLED, -int(signal.SIGKILL))
 
 # CSI sequences (colours, cursor moves), OSC sequences (titles, links), and lone escapes.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -389,7 +392,7 @@ def condense_log(log: str, exit_code: int, failed_stage: str | None = None) -> C
     texts = [t for _, t in ranked]
     stripped = "\n".join(texts)
 
-    timeout = exit_code == TIMEOUT_EXIT
+    timeout = exit_code == EXIT_TIMEOUT
     error, error_count = _extract_error(ranked)
     warnings, warning_lines = _warnings(texts)
     if error is None and exit_code != 0 and not timeout:

@@ -1,26 +1,34 @@
-"""The judge's entry point: rules first, then (optionally) the LLM, then the policy.
+"""The judge's entry point: the facts once, then (optionally) the LLM, then the policy.
 
-Decision policy (REFERENCE §10.4 fixed):
-- the rules' decision is always computed and recorded in ``JudgeInfo.rules_decision``;
-- a failed rule criterion makes the final decision false, whatever the LLM says;
-- when every rule passes, ``judge_policy`` decides: "both" (rules and LLM must agree), "llm" (the
-  LLM's decision) or "rules" (the rules' decision; the LLM only writes the prose). Because of the
-  rule above, "both" and "llm" give the same decision; they are kept apart so that the record says
-  which one the operator asked for.
+Decision policy (``judge_policy``; docs/judge.md):
+
+- the rules' decision is computed once, with the facts, and recorded in ``JudgeInfo.rules_decision``;
+  a failed rule criterion makes the final decision false, whatever the policy or the LLM says;
+- when every rule passes, the policy decides:
+
+  - ``rules``: the rules decide, so the final decision is true; the LLM only writes the prose (and
+    when it judged the run a failure, the feedback says that the policy overrode it);
+  - ``llm`` (the default): the LLM's decision;
+  - ``both``: the LLM's decision, and also a measured check the LLM cannot override: the candidate
+    must not score below the base model on the validation split (the benchmark stage's baseline
+    comparison; no baseline measured, no check);
+
 - without a judge model, or when the LLM is unavailable or never gives a valid answer, the rules
-  write the feedback and decide, and ``JudgeInfo.reason`` says why.
+  write the feedback and the policy decides without the LLM's vote; ``JudgeInfo.reason`` says why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Literal
 
-from services.judge.condense import CondensedLog, condense_log
+from services.judge.advice import rules_feedback
+from services.judge.facts import JudgeFacts, LogStage, collect_facts, render_raw_execution
 from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
-from services.judge.prompts import build_context, render_system, render_user, stage_timeout, templates_for
-from services.judge.rules import JudgedEvent, RulesOutcome, outcome_of, rules_decision, rules_feedback
+from services.judge.prompts import build_context, render_system, render_user, templates_for
+from services.judge.rules import JudgedEvent
 from shared.events import (
     BenchResult,
     DataResult,
@@ -29,107 +37,64 @@ from shared.events import (
     JudgeInfo,
     JudgeResult,
     TrainingMetrics,
-    TrainResult,
     VerdictResult,
 )
 from shared.logs import get_logger
 from shared.settings import Settings
 
-LogStage = Literal["data_processing", "training", "benchmark"]
-_SECTION_TITLES: dict[LogStage, str] = {
-    "data_processing": "=== DATA PROCESSING OUTPUT ===",
-    "training": "=== TRAINING OUTPUT ===",
-    "benchmark": "=== BENCHMARK OUTPUT ===",
-}
+log = get_logger("ftbus.judge")
+
+#: The values of ``Settings.judge_policy``.
+JudgePolicy = Literal["both", "llm", "rules"]
 
 
-def default_log_stage(event: JudgedEvent, failed: FailedStage | None) -> LogStage | None:
-    """Which stage's log the judge reads: the failed stage's, or training's for a success."""
-    if failed == FailedStage.precheck:
-        return None
-    if failed in (FailedStage.data_processing, FailedStage.training, FailedStage.benchmark):
-        return failed.value  # type: ignore[return-value]
-    if isinstance(event, DataResult):
-        return "data_processing"
-    return "training"
+@dataclass(frozen=True)
+class PolicyDecision:
+    final: bool
+    #: Why the final decision is false although whoever wrote the feedback said true (or the reverse).
+    overrides: str | None = None
 
 
-def _tail_of(event: JudgedEvent, stage: LogStage) -> str:
-    outcome = outcome_of(event, FailedStage(stage))
-    return outcome.log_tail if outcome is not None else ""
+def decide(facts: JudgeFacts, llm_decision: bool | None, policy: JudgePolicy) -> PolicyDecision:
+    """The final decision from the rules, the LLM's decision (None: no LLM answer) and the policy."""
+    if not facts.rules.decision:
+        return PolicyDecision(False, "deterministic checks failed: " + "; ".join(facts.rules.failed_criteria))
+    if policy == "rules":
+        if llm_decision is False:
+            return PolicyDecision(True, "judge_policy=rules decides from the deterministic checks, which all passed")
+        return PolicyDecision(True)
+    if policy == "both" and facts.below_baseline:
+        return PolicyDecision(
+            False, f"judge_policy=both requires the candidate not to score below the base model: {facts.below_baseline}"
+        )
+    return PolicyDecision(llm_decision is not False)
 
 
-_BANNER = re.compile(r"^=== (DATA PROCESSING|TRAINING|BENCHMARK) OUTPUT ===[ \t]*$", re.MULTILINE)
-_BANNER_STAGES: dict[str, LogStage] = {
-    "DATA PROCESSING": "data_processing",
-    "TRAINING": "training",
-    "BENCHMARK": "benchmark",
-}
-_ORDER: list[LogStage] = ["data_processing", "training", "benchmark"]
+def _with_note(feedback: Feedback, decided: PolicyDecision, writer: str) -> Feedback:
+    """The feedback with the final decision, and a note when it differs from what ``writer`` said."""
+    if decided.final == feedback.final_decision:
+        return feedback
+    # Say why the written verdict and the decision differ, so the agent is not misled.
+    if decided.final:
+        note = f"{writer} judged this run a failure, but {decided.overrides}"
+    else:
+        note = f"final_decision is false because {decided.overrides}"
+    return feedback.model_copy(
+        update={
+            "return_checking": f"{feedback.return_checking}\n\n[ftbus] Note: {note}.",
+            "final_decision": decided.final,
+        }
+    )
 
 
-def split_sections(text: str) -> dict[LogStage, str] | None:
-    """Split a combined log (banners as in raw_execution) into its stages; None if it has no banner.
-
-    Banners are taken in pipeline order only, so a line that merely looks like an earlier banner
-    inside a later stage's output does not cut it. (The decision never depends on logs anyway.)
-    """
-    taken: list[tuple[LogStage, re.Match[str]]] = []
-    for match in _BANNER.finditer(text):
-        stage = _BANNER_STAGES[match.group(1)]
-        if taken and _ORDER.index(stage) <= _ORDER.index(taken[-1][0]):
-            continue
-        taken.append((stage, match))
-    if not taken:
-        return None
-    sections: dict[LogStage, str] = {}
-    for i, (stage, match) in enumerate(taken):
-        end = taken[i + 1][1].start() if i + 1 < len(taken) else len(text)
-        sections[stage] = text[match.end() : end].strip("\n")
-    return sections
-
-
-def combined_log(event: JudgedEvent, log_text: str, log_stage: LogStage | None) -> str:
-    """The reference's raw_execution: every stage's output under its banner, in pipeline order."""
-    if event.failed_stage == FailedStage.precheck:
-        return f"=== PRE-CHECK ===\n{event.error or 'workspace rejected'}"
-    stages: list[LogStage] = ["data_processing"]
-    if not isinstance(event, DataResult):
-        stages.append("training")
-    if isinstance(event, BenchResult):
-        stages.append("benchmark")
-    parts = []
-    for stage in stages:
-        text = log_text if stage == log_stage and log_text else _tail_of(event, stage)
-        if stage == "data_processing" and event.data.cached and not text:
-            text = f"(skipped: data.json reused from the cache, key {event.data.cache_key or 'unknown'})"
-        parts.append(f"{_SECTION_TITLES[stage]}\n{text.rstrip()}")
-    return "\n".join(parts)
-
-
-def decide(rules_ok: bool, llm_decision: bool | None, policy: str) -> bool:
-    """The final decision: never true when a rule fails; otherwise as the policy says."""
-    if not rules_ok:
-        return False
-    if llm_decision is None or policy == "rules":
-        return True
-    return llm_decision  # "both": rules passed, so agreement = the LLM's decision; "llm": the same
-
-
-def _llm_feedback(answer_outcome: LlmOutcome, final: bool, rules: RulesOutcome, policy: str) -> Feedback:
-    answer = answer_outcome.answer
-    return_checking = answer.return_checking
-    if final != answer.final_decision:
-        # Say why the written verdict and the decision differ, so the agent is not misled.
-        if not rules.decision:
-            note = "final_decision is false because deterministic checks failed: " + "; ".join(rules.failed_criteria)
-        else:
-            note = (
-                f"the LLM judged this run a failure, but judge_policy={policy} decides from the "
-                "deterministic checks, which all passed"
-            )
-        return_checking = f"{return_checking}\n\n[ftbus] Note: {note}."
-    return Feedback(execution=answer.execution, return_checking=return_checking, code=answer.code, final_decision=final)
+def _llm_feedback(outcome: LlmOutcome) -> Feedback:
+    answer = outcome.answer
+    return Feedback(
+        execution=answer.execution,
+        return_checking=answer.return_checking,
+        code=answer.code,
+        final_decision=answer.final_decision,
+    )
 
 
 def _verdict_result(event: JudgedEvent) -> VerdictResult:
@@ -144,87 +109,66 @@ def _verdict_result(event: JudgedEvent) -> VerdictResult:
 
 
 async def judge(
-    event: DataResult | TrainResult | BenchResult,
-    train_yaml: str,
-    log_text: str,
-    settings: Settings,
-    *,
-    log_stage: LogStage | None = None,
+    event: JudgedEvent, train_yaml: str, logs: Mapping[LogStage, str], settings: Settings
 ) -> JudgeResult:
     """Judge one finished request.
 
-    ``log_text`` is what the handler fetched: either the combined log of every stage under
-    "=== ... OUTPUT ===" banners (then it is ``raw_execution`` as is, and the judge reads the
-    section of the failed stage, or of training for a success), or one stage's log (by default the
-    failed stage's, or training's for a success; ``log_stage`` names it otherwise). Empty: the
-    events' log tails are used.
+    ``logs``: each stage's whole log as the handler fetched it, by stage; a stage left out is
+    represented by the log tail its event carries.
     """
     if isinstance(event, BenchResult) and event.split != "validation":
         raise ValueError("the judge only accepts validation benchmark results")
-    rules = rules_decision(event)
-    stage = rules.failed_stage
-    log_stage = log_stage or default_log_stage(event, stage)
-    # The handler may pass one stage's log or the combined log of every stage (with banners).
-    sections = split_sections(log_text) if log_text else None
-    if sections is not None:
-        stage_log = (sections.get(log_stage, "") if log_stage else "") or (
-            _tail_of(event, log_stage) if log_stage else ""
-        )
-        raw_execution = log_text
-    else:
-        stage_log = log_text or (_tail_of(event, log_stage) if log_stage else "")
-        raw_execution = combined_log(event, log_text, log_stage)
-    exit_code = rules.exit_code if rules.exit_code is not None else 1
     # Parsing a multi-megabyte log takes a moment: keep the event loop (heartbeats) responsive.
-    condensed: CondensedLog = await asyncio.to_thread(condense_log, stage_log, exit_code, str(stage) if stage else None)
-    timeout_s = stage_timeout(event, stage, settings)
-    policy = settings.judge_policy
-
-    feedback: Feedback
-    if stage == FailedStage.precheck:
-        feedback = rules_feedback(event, condensed, train_yaml=train_yaml, timeout_s=timeout_s)
-        info = JudgeInfo(kind="rules", reason="pre-check failed: nothing ran", rules_decision=False)
-    else:
-        try:
-            if not settings.judge_model:
-                raise LlmJudgeUnavailable("no judge model configured")
-            context = build_context(event, train_yaml, condensed, settings)
-            templates = templates_for(settings)
-            answer = await ask_llm(
-                render_system(templates), render_user(context, templates), settings, templates=templates
-            )
-        except LlmJudgeUnavailable as exc:
-            get_logger("ftbus.judge").info("judge_rules_fallback", reason=exc.reason)
-            feedback = rules_feedback(event, condensed, train_yaml=train_yaml, timeout_s=timeout_s)
-            info = JudgeInfo(kind="rules", reason=exc.reason, rules_decision=rules.decision)
-        else:
-            final = decide(rules.decision, answer.answer.final_decision, policy)
-            feedback = _llm_feedback(answer, final, rules, policy)
-            failed = "; ".join(rules.failed_criteria)
-            info = JudgeInfo(
-                kind="llm",
-                model=settings.judge_model,
-                reason=None if rules.decision else f"deterministic checks failed: {failed}",
-                rules_decision=rules.decision,
-                llm_decision=answer.answer.final_decision,
-                attempts=answer.attempts,
-            )
-
-    get_logger("ftbus.judge").info(
+    facts = await asyncio.to_thread(collect_facts, event, train_yaml, logs, settings)
+    feedback, info = await _feedback_and_info(facts, settings)
+    log.info(
         "judge_decided",
         final_decision=feedback.final_decision,
-        rules_decision=rules.decision,
+        rules_decision=facts.rules.decision,
         judge_kind=info.kind,
-        failed_stage=str(stage) if stage else None,
+        judge_policy=settings.judge_policy,
+        failed_stage=str(facts.failed_stage) if facts.failed_stage else None,
     )
     return JudgeResult(
         request_id=event.request_id,
         context=event.context,
         feedback=feedback,
-        raw_execution=raw_execution,
-        failed_stage=stage,
+        raw_execution=render_raw_execution(facts),
+        failed_stage=facts.failed_stage,
         judge=info,
         result=_verdict_result(event),
         artifacts=[] if isinstance(event, DataResult) else list(event.train.outputs),
         expects_test=isinstance(event, BenchResult),
     )
+
+
+async def _feedback_and_info(facts: JudgeFacts, settings: Settings) -> tuple[Feedback, JudgeInfo]:
+    policy = settings.judge_policy
+    if facts.failed_stage == FailedStage.precheck:
+        info = JudgeInfo(kind="rules", reason="pre-check failed: nothing ran", rules_decision=False)
+        return rules_feedback(facts), info
+    try:
+        if not settings.judge_model:
+            raise LlmJudgeUnavailable("no judge model configured")
+        templates = templates_for(settings)
+        answer = await ask_llm(
+            render_system(templates), render_user(build_context(facts), templates), settings, templates=templates
+        )
+    except LlmJudgeUnavailable as exc:
+        log.info("judge_rules_fallback", reason=exc.reason)
+        decided = decide(facts, None, policy)
+        feedback = _with_note(rules_feedback(facts), decided, "the rules")
+        reason = exc.reason
+        if facts.rules.decision and not decided.final:
+            reason = f"{reason}; {decided.overrides}"
+        return feedback, JudgeInfo(kind="rules", reason=reason, rules_decision=facts.rules.decision)
+    decided = decide(facts, answer.answer.final_decision, policy)
+    info = JudgeInfo(
+        kind="llm",
+        model=settings.judge_model,
+        reason=None if decided.final else decided.overrides,
+        rules_decision=facts.rules.decision,
+        llm_decision=answer.answer.final_decision,
+        attempts=answer.attempts,
+    )
+    return _with_note(_llm_feedback(answer), decided, "the LLM"), info

@@ -16,22 +16,14 @@ import jinja2
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from services.judge.condense import CondensedLog
-from services.judge.rules import (
-    JudgedEvent,
-    exit_code_of,
-    failed_stage_of,
-    model_files_of,
-    outcome_of,
-    restates_exit,
-)
-from shared.events import BenchResult, DataResult, FailedStage, LossHistory, TaskSpec
+from services.judge.facts import JudgeFacts
+from services.judge.rules import JudgedEvent
+from shared.events import BenchResult, DataResult, LossHistory, TaskSpec
 from shared.settings import Settings
 
 PROMPTS_FILE = Path(__file__).resolve().parents[2] / "prompts" / "judge.yaml"
 LOSS_KEEP_EACH_END = 30  # first 30 + last 30 points when there are more than 60
 NO_BENCHMARK = "N/A (not executed or failed)"
-_TIMED_STAGES = {FailedStage.data_processing, FailedStage.training, FailedStage.benchmark}
 
 
 class JudgeTemplates:
@@ -109,17 +101,6 @@ def _loss_json(history: LossHistory) -> str:
     return '{\n  "train": ' + block(train) + ',\n  "eval": ' + block(evals) + "\n}"
 
 
-def stage_timeout(event: JudgedEvent, stage: FailedStage | None, settings: Settings) -> float | None:
-    """The limit the failed stage ran under: the one recorded by the runner, else the configured one."""
-    if stage not in _TIMED_STAGES:
-        return None
-    outcome = outcome_of(event, stage)
-    if outcome is not None and outcome.timeout_s:
-        return outcome.timeout_s
-    requested = getattr(event.context.timeouts, str(stage))
-    return settings.timeout_for(str(stage), requested)
-
-
 def _benchmark_json(event: JudgedEvent) -> str:
     # Only the validation split's summary and error samples: item ids and raw outputs stay out.
     if not isinstance(event, BenchResult) or event.benchmark is None:
@@ -159,30 +140,30 @@ def _data_summary(event: JudgedEvent) -> str | None:
     return ", ".join(parts) or None
 
 
-def build_context(event: JudgedEvent, train_yaml: str, condensed: CondensedLog, settings: Settings) -> PromptContext:
+def build_context(facts: JudgeFacts) -> PromptContext:
+    """The user prompt's values, all read from the facts."""
+    event = facts.event
     if isinstance(event, BenchResult) and event.split != "validation":
         raise ValueError("the judge only accepts validation benchmark results")
-    stage = failed_stage_of(event)
-    exit_code = exit_code_of(event)
-    model_files = model_files_of(event)
+    exit_code = facts.outcome.exit_code
     history = LossHistory() if isinstance(event, DataResult) else event.train.training_metrics.loss_history
     shown, note = truncate_loss_history(history)
-    timeout = stage_timeout(event, stage, settings)
+    timeout = facts.outcome.timeout_s
     return PromptContext(
         task=event.context.task,
-        train_yaml=train_yaml,
+        train_yaml=facts.train_yaml,
         exit_code="N/A (nothing was run)" if exit_code is None else str(exit_code),
-        model_files_status="Found" if model_files else "Not found",
-        model_files=model_files,
-        failed_stage=str(stage) if stage else None,
-        stage_error=None if restates_exit(event.error) else (event.error or "")[:1000] or None,
+        model_files_status="Found" if facts.model_files else "Not found",
+        model_files=facts.model_files,
+        failed_stage=str(facts.failed_stage) if facts.failed_stage else None,
+        stage_error=(facts.stage_report or "")[:1000] or None,
         timeout_seconds=round(timeout) if timeout is not None else None,
         data_summary=_data_summary(event),
         benchmark_result=_benchmark_json(event),
         baseline=_baseline_text(event),
         loss_history=_loss_json(shown),
         loss_note=note,
-        condensed_log=condensed.as_prompt_json(),
+        condensed_log=facts.condensed.as_prompt_json(),
     )
 
 

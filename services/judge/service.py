@@ -1,7 +1,8 @@
 """The judge stage: consumes ``bench.completed`` and every ``*.failed``; publishes ``judge.completed``.
 
-It gathers what the judge reads — the config, the stage logs — from the artifact store, and
-hands them to ``decide.judge``. It never sees the hidden test split: no event it consumes
+It gathers what the judge reads — the config, each stage's log — from the artifact store, and
+hands them to ``decide.judge``, which turns them into the facts it decides from
+(``services/judge/facts.py``). It never sees the hidden test split: no event it consumes
 carries one, and NATS permissions can deny it the test stream.
 """
 
@@ -10,9 +11,10 @@ from __future__ import annotations
 import asyncio
 
 from services.judge.decide import judge
+from services.judge.facts import LogStage, stage_runs
 from shared.artifacts import ArtifactError
 from shared.bus import Bus
-from shared.events import ArtifactRef, BenchResult, DataResult, Stage, StageOutcome, TrainResult
+from shared.events import ArtifactRef, BenchResult, DataResult, Stage, TrainResult
 from shared.logs import get_logger
 from shared.runtime import Outgoing, StageContext, StageWorker
 
@@ -23,8 +25,8 @@ MAX_LOG_BYTES = 16 * 2**20  # a larger log is read from its end: the root cause 
 
 async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> list[Outgoing]:
     train_yaml = await _train_yaml(event, ctx)
-    log_text = await combined_log(event, ctx)
-    result = await judge(event, train_yaml, log_text, ctx.settings)
+    logs = await stage_logs(event, ctx)
+    result = await judge(event, train_yaml, logs, ctx.settings)
     result = result.model_copy(update={"sandbox": sandboxes_of(event), "llm_usage": event.data.llm_usage})
     log.info(
         "judged",
@@ -37,12 +39,7 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
 
 def sandboxes_of(event: DataResult | TrainResult | BenchResult) -> str | None:
     """Which isolation the candidate's code ran under, as the stages recorded it."""
-    outcomes = [event.data.outcome]
-    if not isinstance(event, DataResult):
-        outcomes.append(event.train.outcome)
-    if isinstance(event, BenchResult):
-        outcomes.append(event.outcome)
-    names = sorted({o.sandbox for o in outcomes if o is not None and o.sandbox})
+    names = sorted({outcome.sandbox for _, outcome in stage_runs(event) if outcome.sandbox})
     return ", ".join(names) or None
 
 
@@ -60,20 +57,14 @@ async def _train_yaml(event: DataResult | TrainResult | BenchResult, ctx: StageC
         return ""
 
 
-async def combined_log(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> str:
-    """The reference's raw_execution: each stage's output under its own header."""
-    sections: list[tuple[str, StageOutcome | None]] = [("DATA PROCESSING", event.data.outcome)]
-    if not isinstance(event, DataResult):
-        sections.append(("TRAINING", event.train.outcome))
-    if isinstance(event, BenchResult):
-        sections.append(("BENCHMARK", event.outcome))
-    parts = []
-    for title, outcome in sections:
-        if outcome is None:
-            continue
+async def stage_logs(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> dict[LogStage, str]:
+    """Each stage's whole log, by stage; one that cannot be read is left out (its tail stands in)."""
+    logs: dict[LogStage, str] = {}
+    for stage, outcome in stage_runs(event):
         text = await _log_text(outcome.log, ctx) if outcome.log else None
-        parts.append(f"=== {title} OUTPUT ===\n{text if text is not None else outcome.log_tail}")
-    return "\n".join(parts)
+        if text is not None:
+            logs[stage] = text
+    return logs
 
 
 async def _log_text(ref: ArtifactRef, ctx: StageContext) -> str | None:

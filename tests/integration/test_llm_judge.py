@@ -78,7 +78,7 @@ async def test_good_answer(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.script(answer(GOOD))
     event = ev.bench_result(n_loss=200)
     before = event.model_dump()
-    result = await judge(event, ev.TRAIN_YAML, "Training completed.\n", make_settings(tmp_path, server))
+    result = await judge(event, ev.TRAIN_YAML, {"training": "Training completed.\n"}, make_settings(tmp_path, server))
 
     assert result.feedback.final_decision is True
     assert result.feedback.execution == GOOD["execution"] and result.feedback.code == GOOD["code"]
@@ -112,7 +112,7 @@ async def test_invalid_answers_then_good_one(server: FakeOpenAIServer, tmp_path:
         answer({**GOOD, "final_decision": "yes"}),
         answer(GOOD),
     )
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert result.judge.kind == "llm" and result.judge.attempts == 3 and result.feedback.final_decision
 
     first, second, third = (r.user_prompt for r in server.requests)
@@ -126,24 +126,25 @@ async def test_invalid_answers_then_good_one(server: FakeOpenAIServer, tmp_path:
 
 async def test_string_booleans_are_accepted(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.script(answer({**GOOD, "final_decision": "True"}))
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert result.feedback.final_decision is True and result.judge.llm_decision is True
 
     server.script(answer({**FAILED, "final_decision": "false"}))
-    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, OOM_LOG, make_settings(tmp_path, server))
+    settings = make_settings(tmp_path, server)
+    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, {"training": OOM_LOG}, settings)
     assert result.feedback.final_decision is False and result.judge.llm_decision is False
 
 
 async def test_cut_off_answer_is_retried(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.script(answer('{"execution": "SUCC', finish_reason="length"), answer(GOOD))
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert result.judge.kind == "llm" and result.judge.attempts == 2
     assert "length limit" in server.requests[1].user_prompt
 
 
 async def test_server_without_json_mode(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.script(error(400, "Unsupported parameter: response_format"), answer(GOOD))
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert result.judge.kind == "llm"
     assert "response_format" in server.requests[0].body and "response_format" not in server.requests[1].body
 
@@ -153,7 +154,7 @@ async def test_server_without_json_mode(server: FakeOpenAIServer, tmp_path: Path
 
 async def test_answer_that_never_validates(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = answer({**GOOD, "final_decision": "maybe"})
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert len(server.requests) == 3
     assert result.judge.kind == "rules" and result.judge.model is None
     assert result.judge.reason is not None
@@ -166,7 +167,7 @@ async def test_500_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path:
     server.default = error(500, "upstream exploded")
     settings = make_settings(tmp_path, server, judge_time_budget_s=4.0, judge_request_timeout_s=2.0)
     started = time.monotonic()
-    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, OOM_LOG, settings)
+    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, {"training": OOM_LOG}, settings)
     assert time.monotonic() - started < 60  # bounded by the budget, with room for a loaded machine
     assert len(server.requests) >= 2  # retried with backoff before giving up
     assert result.judge.kind == "rules"
@@ -178,7 +179,7 @@ async def test_500_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path:
 
 async def test_transient_errors_recover(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.script(error(503), error(429, headers={"retry-after": "0"}), answer(GOOD))
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert len(server.requests) == 3
     assert result.judge.kind == "llm" and result.judge.attempts == 1
 
@@ -187,7 +188,7 @@ async def test_timeout_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_p
     server.default = Reply(content=json.dumps(GOOD), delay_s=30.0)
     settings = make_settings(tmp_path, server, judge_time_budget_s=4.0, judge_request_timeout_s=0.5)
     started = time.monotonic()
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", settings)
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, settings)
     assert time.monotonic() - started < 60
     assert len(server.requests) >= 2
     assert result.judge.kind == "rules"
@@ -197,14 +198,14 @@ async def test_timeout_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_p
 
 async def test_auth_error_is_not_retried(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = error(401, "invalid api key")
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert len(server.requests) == 1
     assert result.judge.kind == "rules"
     assert result.judge.reason is not None and "HTTP 401" in result.judge.reason
 
 
 async def test_no_judge_model_uses_rules(tmp_path: Path) -> None:
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, None))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, None))
     assert result.judge.kind == "rules" and result.judge.reason == "no judge model configured"
     assert result.judge.rules_decision is True and result.feedback.final_decision is True
 
@@ -212,7 +213,7 @@ async def test_no_judge_model_uses_rules(tmp_path: Path) -> None:
 async def test_precheck_never_calls_the_llm(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = answer(GOOD)
     event = ev.precheck_failed("unsafe path in workspace: ../secrets.txt")
-    result = await judge(event, "", "", make_settings(tmp_path, server))
+    result = await judge(event, "", {}, make_settings(tmp_path, server))
     assert server.requests == []
     assert result.judge.kind == "rules" and not result.feedback.final_decision
     assert result.failed_stage == FailedStage.precheck
@@ -226,7 +227,7 @@ async def test_precheck_never_calls_the_llm(server: FakeOpenAIServer, tmp_path: 
 async def test_rules_fail_but_llm_says_true(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.script(answer(GOOD))
     event = ev.bench_result(model_files=[])
-    result = await judge(event, ev.TRAIN_YAML, "", make_settings(tmp_path, server, judge_policy="llm"))
+    result = await judge(event, ev.TRAIN_YAML, {}, make_settings(tmp_path, server, judge_policy="llm"))
     assert result.judge.kind == "llm"
     assert result.judge.llm_decision is True and result.judge.rules_decision is False
     assert result.feedback.final_decision is False
@@ -249,18 +250,40 @@ async def test_policy_when_rules_pass(
     server: FakeOpenAIServer, tmp_path: Path, policy: str, llm_says: bool, expected: bool
 ) -> None:
     server.script(answer({**GOOD, "final_decision": llm_says}))
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server, judge_policy=policy))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server, judge_policy=policy))
     assert result.judge.rules_decision is True and result.judge.llm_decision is llm_says
     assert result.feedback.final_decision is expected
     if expected != llm_says:
         assert "judge_policy=rules" in result.feedback.return_checking
 
 
+@pytest.mark.parametrize(("policy", "expected"), [("both", False), ("llm", True), ("rules", True)])
+async def test_policy_when_the_candidate_is_below_the_base_model(
+    server: FakeOpenAIServer, tmp_path: Path, policy: str, expected: bool
+) -> None:
+    # Every rule passes and the LLM says true; only "both" also requires the candidate to match the base model.
+    server.script(answer(GOOD))
+    event = ev.bench_result(benchmark=ev.scores(accuracy={"gsm8k": {"accuracy": 0.30}}))
+    result = await judge(event, ev.TRAIN_YAML, {}, make_settings(tmp_path, server, judge_policy=policy))
+    assert result.judge.kind == "llm" and result.judge.rules_decision is True and result.judge.llm_decision is True
+    assert result.feedback.final_decision is expected
+    if expected:
+        assert result.judge.reason is None and "[ftbus] Note" not in result.feedback.return_checking
+    else:
+        assert result.judge.reason == (
+            "judge_policy=both requires the candidate not to score below the base model: "
+            "validation gsm8k/accuracy = 0.3 is below the base model's 0.45 (higher is better)"
+        )
+        assert result.feedback.return_checking.startswith(GOOD["return_checking"])
+        assert "[ftbus] Note: final_decision is false because judge_policy=both" in result.feedback.return_checking
+
+
 @pytest.mark.parametrize("policy", ["both", "llm", "rules"])
 async def test_policy_never_overrides_a_failed_rule(server: FakeOpenAIServer, tmp_path: Path, policy: str) -> None:
     server.script(answer(GOOD))
     event = ev.train_failed(1, OOM_LOG)
-    result = await judge(event, ev.TRAIN_YAML, OOM_LOG, make_settings(tmp_path, server, judge_policy=policy))
+    settings = make_settings(tmp_path, server, judge_policy=policy)
+    result = await judge(event, ev.TRAIN_YAML, {"training": OOM_LOG}, settings)
     assert result.feedback.final_decision is False
     assert result.failed_stage == FailedStage.training and result.expects_test is False
     assert "=== TRAINING OUTPUT ===" in result.raw_execution and "OutOfMemoryError" in result.raw_execution
@@ -275,29 +298,31 @@ async def test_sent_prompt_has_no_test_split_data(server: FakeOpenAIServer, tmp_
     test_event = ev.bench_result(
         split="test", benchmark=ev.scores(accuracy={"gsm8k": {"accuracy": 0.7391}}, samples=test_samples)
     )
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     sent = json.dumps(server.requests[0].body)
     for leaked in ("TEST-SPLIT-Q-4242", "TEST-SPLIT-GOLD", "TEST-OUT", "0.7391"):
         assert leaked not in sent and leaked not in result.model_dump_json()
     assert "VAL-Q-7781" in sent
     with pytest.raises(ValueError, match="validation"):
-        await judge(test_event, ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+        await judge(test_event, ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert len(server.requests) == 1
 
 
 async def test_missing_api_key_is_a_clear_reason(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, None, judge_model="gpt-5.1", openai_api_key=None, openai_base_url=None)
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", settings)
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, settings)
     assert result.judge.kind == "rules"
     assert result.judge.reason is not None and "no OpenAI API key configured" in result.judge.reason
 
 
-async def test_combined_log_from_the_handler(server: FakeOpenAIServer, tmp_path: Path) -> None:
-    # The handler may pass every stage's log under its banner: the judge reads the failed stage's part.
+async def test_logs_by_stage_from_the_handler(server: FakeOpenAIServer, tmp_path: Path) -> None:
+    # The handler passes every stage's log: raw_execution shows each under its banner, and the
+    # judge reads the failed stage's log only.
     handled = 'Traceback (most recent call last):\n  File "p.py", line 3\nTimeoutError: retrying API call\n'
+    logs = {"data_processing": f"{handled}wrote 1234 samples", "training": OOM_LOG}
     combined = f"=== DATA PROCESSING OUTPUT ===\n{handled}wrote 1234 samples\n=== TRAINING OUTPUT ===\n{OOM_LOG}"
     server.script(answer(FAILED))
-    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, combined, make_settings(tmp_path, server))
+    result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, logs, make_settings(tmp_path, server))
     assert result.raw_execution == combined
     prompt = server.requests[0].user_prompt
     assert "torch.OutOfMemoryError" in prompt and "retrying API call" not in prompt
@@ -306,7 +331,7 @@ async def test_combined_log_from_the_handler(server: FakeOpenAIServer, tmp_path:
 
 async def test_endpoint_that_is_not_an_llm(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = Reply(status=200, body="<html>proxy login</html>")
-    result = await judge(ev.bench_result(), ev.TRAIN_YAML, "", make_settings(tmp_path, server))
+    result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, server))
     assert len(server.requests) == 1
     assert result.judge.kind == "rules"
     assert result.judge.reason is not None and "not answer with a chat completion" in result.judge.reason

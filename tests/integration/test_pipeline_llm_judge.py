@@ -38,6 +38,11 @@ async def test_the_llm_judge_writes_the_verdict(pipeline: Pipeline, llm: FakeOpe
     assert verdict.judge is not None and verdict.judge.kind == "llm" and verdict.judge.model == "fake-judge"
     assert verdict.execution == LLM_ANSWER["execution"]
     assert verdict.final_decision is True and verdict.judge.rules_decision is True
+    # raw_execution: every stage's whole log under its banner, in pipeline order, as the handler fetched them.
+    raw = verdict.raw_execution
+    banners = ["=== DATA PROCESSING OUTPUT ===\n", "\n=== TRAINING OUTPUT ===\n", "\n=== BENCHMARK OUTPUT ===\n"]
+    assert raw.startswith(banners[0]) and all(raw.count(b) == 1 for b in banners)
+    assert raw.index(banners[1]) < raw.index(banners[2])
     # The judge was asked once, with the validation results and without the hidden test split.
     assert len(llm.requests) == 1
     prompt = llm.requests[0].user_prompt

@@ -8,7 +8,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from services.judge.condense import condense_log
+from services.judge.facts import collect_facts, default_log_stage
 from services.judge.prompts import (
     NO_BENCHMARK,
     PROMPTS_FILE,
@@ -31,9 +31,9 @@ def settings(tmp_path: Path) -> Settings:
 
 
 def _user_prompt(event, settings: Settings, log: str = "", train_yaml: str = ev.TRAIN_YAML) -> str:  # type: ignore[no-untyped-def]
-    rules = rules_decision(event)
-    condensed = condense_log(log, rules.exit_code if rules.exit_code is not None else 1, rules.failed_stage)
-    return render_user(build_context(event, train_yaml, condensed, settings))
+    stage = default_log_stage(event, rules_decision(event).failed_stage)
+    facts = collect_facts(event, train_yaml, {stage: log} if stage else {}, settings)
+    return render_user(build_context(facts))
 
 
 def test_templates_live_in_the_prompts_file() -> None:
@@ -133,9 +133,8 @@ def test_no_test_split_data_reaches_the_prompt(settings: Settings) -> None:
     assert "VAL-Q-7781" in prompt and "VAL-Q-1203" in prompt
     assert "val-id-10001" not in prompt
     # And a test-split event cannot be rendered at all.
-    rules_input = condense_log("", 0)
     with pytest.raises(ValueError, match="validation"):
-        build_context(test_event, ev.TRAIN_YAML, rules_input, settings)
+        build_context(collect_facts(test_event, ev.TRAIN_YAML, {}, settings))
 
 
 def test_prompt_is_small_next_to_a_huge_log(settings: Settings) -> None:

@@ -6,18 +6,25 @@ from pathlib import Path
 
 import pytest
 
-from services.judge.condense import condense_log
-from services.judge.rules import classify_failure, rules_decision, rules_feedback
-from shared.events import EvalLossPoint, FailedStage, LossHistory, TrainingMetrics, TrainLossPoint
+from services.judge.advice import classify_failure, rules_feedback
+from services.judge.facts import JudgeFacts, collect_facts, default_log_stage
+from services.judge.rules import rules_decision
+from shared.events import DataResult, EvalLossPoint, FailedStage, LossHistory, TrainingMetrics, TrainLossPoint
+from shared.settings import Settings
 from tests.fakes import judge_events as ev
 from tests.fakes.judge_events import CONFIG_LOG, DATA_LOG, NCCL_LOG, OOM_LOG
 
 
+def _facts(event, log: str = "") -> JudgeFacts:  # type: ignore[no-untyped-def]
+    """The facts as the judge collects them, with ``log`` as the log of the stage it reads."""
+    stage = default_log_stage(event, rules_decision(event).failed_stage)
+    train_yaml = "" if isinstance(event, DataResult) else event.train.train_yaml
+    return collect_facts(event, train_yaml, {stage: log} if stage else {}, Settings())
+
+
 def _judge_parts(event, log: str = ""):  # type: ignore[no-untyped-def]
-    rules = rules_decision(event)
-    stage = rules.failed_stage
-    condensed = condense_log(log, rules.exit_code if rules.exit_code is not None else 1, stage)
-    return rules, rules_feedback(event, condensed)
+    facts = _facts(event, log)
+    return facts.rules, rules_feedback(facts)
 
 
 def test_success_requires_every_criterion() -> None:
@@ -35,7 +42,7 @@ def test_precheck_failure_is_immediate() -> None:
     event = ev.precheck_failed("unsafe path in workspace: ../../etc/passwd")
     rules = rules_decision(event)
     assert not rules.decision and rules.failed_stage == FailedStage.precheck and rules.exit_code is None
-    fb = rules_feedback(event, None)
+    fb = rules_feedback(_facts(event))
     assert not fb.final_decision
     assert fb.execution.startswith("FAILED with category [Config]")
     assert "../../etc/passwd" in fb.execution and "nothing was run" in fb.execution
@@ -98,8 +105,7 @@ def test_config_error_names_unknown_keys() -> None:
 
 def test_nccl_error_is_cuda() -> None:
     event = ev.train_failed(1, NCCL_LOG)
-    rules = rules_decision(event)
-    assert classify_failure(event, condense_log(NCCL_LOG, 1, rules.failed_stage)) == "CUDA"
+    assert classify_failure(_facts(event, NCCL_LOG)) == "CUDA"
 
 
 def test_training_without_model_files_fails() -> None:

@@ -1,0 +1,208 @@
+"""The facts the judge decides and writes from, computed once for each judged event.
+
+The handler fetches each stage's log; :func:`collect_facts` turns the event, those logs and the
+config into one :class:`JudgeFacts`: where the request stopped and how that run ended, every
+stage's log, the condensed log of the stage that matters, the rules' decision and the config as
+LlamaFactory reads it. Everything downstream reads this value: the policy (``decide.py``), the
+prompt (``prompts.py``), the rules' prose (``advice.py``), and ``raw_execution``, which is
+rendered from it and never parsed back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, get_args
+
+from services.judge.condense import CondensedLog, condense_log
+from services.judge.rules import (
+    JudgedEvent,
+    RulesOutcome,
+    baseline_shortfall,
+    model_files_of,
+    outcome_of,
+    rules_decision,
+)
+from shared.events import BenchResult, DataResult, FailedStage, StageOutcome
+from shared.settings import Settings
+from shared.train_yaml import TrainYamlError, load_yaml
+
+LogStage = Literal["data_processing", "training", "benchmark"]
+LOG_STAGES: tuple[LogStage, ...] = get_args(LogStage)
+#: The banners of ``raw_execution``, as the reference evaluator writes them.
+_BANNERS: dict[LogStage, str] = {
+    "data_processing": "=== DATA PROCESSING OUTPUT ===",
+    "training": "=== TRAINING OUTPUT ===",
+    "benchmark": "=== BENCHMARK OUTPUT ===",
+}
+_TIMED_STAGES = {FailedStage.data_processing, FailedStage.training, FailedStage.benchmark}
+_RESTATES_EXIT = re.compile(r"exit(?:ed)?(?: with)? (?:code|status)|timed out", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """How the run that decided the outcome ended: the failed stage's, or the last one for a success."""
+
+    exit_code: int | None  # None: nothing ran (pre-check)
+    timed_out: bool
+    oom_killed: bool
+    duration_s: float | None
+    timeout_s: float | None  # the limit it ran under: the runner's record, else the configured one
+
+
+@dataclass(frozen=True)
+class JudgeFacts:
+    """Everything the judge knows about one finished request; built once, by :func:`collect_facts`."""
+
+    event: JudgedEvent
+    failed_stage: FailedStage | None
+    outcome: RunFacts
+    #: Each stage that ran, in pipeline order: its whole log as fetched, else the event's log tail.
+    logs: Mapping[LogStage, str]
+    #: The stage whose log was condensed: the failed stage's, or training's for a success.
+    log_stage: LogStage | None
+    condensed: CondensedLog
+    rules: RulesOutcome
+    #: Set when the candidate scores below the base model on validation (a criterion only for
+    #: ``judge_policy=both``).
+    below_baseline: str | None
+    train_yaml: str
+    #: train.yaml as LlamaFactory reads it (``1e-4`` is a float), empty when it cannot be read.
+    config: Mapping[str, Any]
+    config_problem: str | None
+    #: The stage's own error message, when it says more than its exit code or timeout.
+    stage_report: str | None
+
+    @property
+    def model_files(self) -> list[str]:
+        return model_files_of(self.event)
+
+
+# ---------------------------------------------------------------- the stages' runs and logs
+
+
+def stage_runs(event: JudgedEvent) -> list[tuple[LogStage, StageOutcome]]:
+    """The stages that ran for this event, in pipeline order, each with its outcome."""
+    outcomes: list[tuple[LogStage, StageOutcome | None]] = [("data_processing", event.data.outcome)]
+    if not isinstance(event, DataResult):
+        outcomes.append(("training", event.train.outcome))
+    if isinstance(event, BenchResult):
+        outcomes.append(("benchmark", event.outcome))
+    return [(stage, outcome) for stage, outcome in outcomes if outcome is not None]
+
+
+def default_log_stage(event: JudgedEvent, failed: FailedStage | None) -> LogStage | None:
+    """Which stage's log the judge reads: the failed stage's, or training's for a success."""
+    if failed == FailedStage.precheck:
+        return None
+    if failed in (FailedStage.data_processing, FailedStage.training, FailedStage.benchmark):
+        return failed.value  # type: ignore[return-value]
+    if isinstance(event, DataResult):
+        return "data_processing"
+    return "training"
+
+
+def stage_timeout(event: JudgedEvent, stage: FailedStage | None, settings: Settings) -> float | None:
+    """The limit the failed stage ran under: the one recorded by the runner, else the configured one."""
+    if stage not in _TIMED_STAGES:
+        return None
+    outcome = outcome_of(event, stage)
+    if outcome is not None and outcome.timeout_s:
+        return outcome.timeout_s
+    requested = getattr(event.context.timeouts, str(stage))
+    return settings.timeout_for(str(stage), requested)
+
+
+# ---------------------------------------------------------------- the config
+
+
+def parse_train_yaml(train_yaml: str | None) -> tuple[dict[str, Any], str | None]:
+    """The config as LlamaFactory reads it, or an empty dict and why it could not be read."""
+    if not train_yaml or not train_yaml.strip():
+        return {}, "train.yaml is empty or missing"
+    try:
+        config = load_yaml(train_yaml, "train.yaml")
+    except TrainYamlError as exc:
+        return {}, exc.message
+    if not isinstance(config, dict):
+        return {}, "train.yaml is not a mapping of parameters"
+    return config, None
+
+
+def restates_exit(error: str | None) -> bool:
+    """True when a stage's error message says no more than its exit code or timeout."""
+    return bool(error and _RESTATES_EXIT.search(error))
+
+
+# ---------------------------------------------------------------- collecting
+
+
+def collect_facts(
+    event: JudgedEvent, train_yaml: str, logs: Mapping[LogStage, str], settings: Settings
+) -> JudgeFacts:
+    """The facts of one judged event. ``logs``: each stage's whole log as the handler fetched it;
+    a stage that ran but is missing there is represented by the log tail its event carries.
+
+    Parses a multi-megabyte log: call it in a thread from async code.
+    """
+    rules = rules_decision(event)  # refuses a test-split event
+    stage = rules.failed_stage
+    by_stage: dict[LogStage, str] = {}
+    ran = dict(stage_runs(event))
+    for name in LOG_STAGES:
+        if name in logs:
+            by_stage[name] = logs[name]
+        elif name in ran:
+            by_stage[name] = ran[name].log_tail
+    log_stage = default_log_stage(event, stage)
+    exit_code = rules.exit_code if rules.exit_code is not None else 1
+    condensed = condense_log(by_stage.get(log_stage, "") if log_stage else "", exit_code, str(stage) if stage else None)
+    outcome = outcome_of(event, stage)
+    config, problem = parse_train_yaml(train_yaml)
+    return JudgeFacts(
+        event=event,
+        failed_stage=stage,
+        outcome=RunFacts(
+            exit_code=rules.exit_code,
+            timed_out=rules.timed_out,
+            oom_killed=bool(outcome and outcome.oom_killed) or condensed.oom_killed,
+            duration_s=outcome.duration_s if outcome else None,
+            timeout_s=stage_timeout(event, stage, settings),
+        ),
+        logs=MappingProxyType(by_stage),
+        log_stage=log_stage,
+        condensed=condensed,
+        rules=rules,
+        below_baseline=baseline_shortfall(event),
+        train_yaml=train_yaml,
+        config=MappingProxyType(config),
+        config_problem=problem,
+        stage_report=None if restates_exit(event.error) else event.error,
+    )
+
+
+# ---------------------------------------------------------------- raw_execution
+
+
+def render_raw_execution(facts: JudgeFacts) -> str:
+    """The reference's raw_execution: each stage's output under its banner, in pipeline order."""
+    event = facts.event
+    if facts.failed_stage == FailedStage.precheck:
+        return f"=== PRE-CHECK ===\n{event.error or 'workspace rejected'}"
+    if facts.logs:
+        return "\n".join(f"{_BANNERS[stage]}\n{text}" for stage, text in facts.logs.items())
+    # No stage ran (a config refused before training, after cached data): the banners, empty.
+    stages: list[LogStage] = ["data_processing"]
+    if not isinstance(event, DataResult):
+        stages.append("training")
+    if isinstance(event, BenchResult):
+        stages.append("benchmark")
+    parts = []
+    for stage in stages:
+        text = ""
+        if stage == "data_processing" and event.data.cached:
+            text = f"(skipped: data.json reused from the cache, key {event.data.cache_key or 'unknown'})"
+        parts.append(f"{_BANNERS[stage]}\n{text}")
+    return "\n".join(parts)
