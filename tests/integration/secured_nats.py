@@ -13,10 +13,11 @@ import re
 import secrets
 import signal
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.embedded import free_port, nats_server_binary, wait_for_port
+from shared.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 NATS_DIR = REPO / "deploy" / "nats"
@@ -103,6 +104,8 @@ class SecuredServer:
             stdin=subprocess.DEVNULL,
             env=self.env(),
             start_new_session=True,
+            # a killed test run leaves no server behind (SIGTERM when this thread's process dies)
+            preexec_fn=_terminate_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
         log.close()
         try:
