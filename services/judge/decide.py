@@ -51,7 +51,8 @@ JudgePolicy = Literal["both", "llm", "rules"]
 @dataclass(frozen=True)
 class PolicyDecision:
     final: bool
-    #: Why the final decision is false although whoever wrote the feedback said true (or the reverse).
+    #: The check that made it false (a failed rule, the baseline under "both"), or, under "rules", why
+    #: an LLM that said false was overruled. None when the decision is simply the writer's own.
     overrides: str | None = None
 
 

@@ -1,8 +1,8 @@
 """The judge's decision: deterministic criteria checked on facts (exit codes, files, results).
 
-The reference let the LLM decide facts that a program can check (docs/design.md). Here the rules'
-decision is always computed, once per judged event (``services/judge/facts.py``), and the final
-decision can never be true when one of the criteria fails. The prose written from these facts
+The reference let the LLM decide facts that a program can check. Here the rules' decision is
+always computed, once per judged event (``services/judge/facts.py``), and the final decision can
+never be true when one of the criteria fails (docs/judge.md). The prose written from these facts
 lives in ``services/judge/advice.py``.
 """
 
