@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.docker_runner import DockerRunner, engine_client  # noqa: E402
-from shared.runner import LocalRunner, Runner  # noqa: E402
-from shared.sandbox import Sandbox, SandboxUnavailable  # noqa: E402
-from shared.settings import Settings  # noqa: E402
+from shared.docker_runner import DockerRunner, engine_client
+from shared.runner import LocalRunner, Runner
+from shared.sandbox import Sandbox, SandboxUnavailable
+from shared.settings import Settings
 
 
 async def _median(runner: Runner, sandbox: Sandbox, folder: Path, runs: int) -> float:

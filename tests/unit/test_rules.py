@@ -188,8 +188,7 @@ LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 )
 def test_real_training_failures(name: str, exit_code: int, category: str, advice: str) -> None:
     path = LOGS / name
-    if not path.is_file():
-        pytest.skip(f"real log fixture {name} not captured")
+    assert path.is_file(), f"the committed log fixture {name} is missing (tests/fixtures/logs/README.md)"
     log = path.read_bytes().decode("utf-8")
     event = ev.train_failed(exit_code, log[-20000:])
     rules, fb = _judge_parts(event, log)
