@@ -161,7 +161,7 @@ async def _check_cell(bus: Bus, ctx: Context, op: Op, server: SecuredServer, use
     """None when the cell holds; otherwise what went wrong."""
     start = server.log_size()
     try:
-        await asyncio.wait_for(op.run(bus, ctx), timeout=30)
+        await asyncio.wait_for(op.run(bus, ctx), timeout=60)
     except PermissionDenied as denied:
         if user in op.allowed:
             return f"ALLOWED expected, refused: {denied}"
