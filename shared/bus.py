@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
@@ -100,6 +100,34 @@ class _SubjectMemoryClient(NatsClient):
                 future.set_result(True)
             self._pongs_received += 1
             self._pings_outstanding = 0
+
+
+
+class TopologyMismatch(RuntimeError):
+    """A stream exists with settings this deployment cannot change in place."""
+
+
+#: Stream settings the server refuses to change on an existing stream.
+_FIXED_STREAM_FIELDS = ("storage", "retention")
+#: Stream settings ensure_topology owns and updates when the configuration changes.
+_EDITABLE_STREAM_FIELDS = (
+    "subjects", "max_age", "num_replicas", "duplicate_window", "max_msgs_per_subject", "discard",
+    "discard_new_per_subject", "description",
+)
+
+
+def _shown(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def _differs(current: Any, wanted: Any) -> bool:
+    if wanted is None:
+        return False  # not ours: left as the server has it
+    if isinstance(wanted, float) or isinstance(current, float):
+        return abs((current or 0) - (wanted or 0)) > 1  # durations come back rounded
+    if isinstance(wanted, list):
+        return sorted(current or []) != sorted(wanted)
+    return current != wanted
 
 
 class Bus:
@@ -274,8 +302,18 @@ class Bus:
             except BadRequestError:
                 # Another process created it between our lookup and our add: fall through to update.
                 info = await self.js.stream_info(config.name)
-        # A changed retention setting applies to a stream that exists already, too.
-        if info.config.subjects != config.subjects or abs((info.config.max_age or 0) - (config.max_age or 0)) > 1:
+        fixed = {name: (getattr(info.config, name), getattr(config, name)) for name in _FIXED_STREAM_FIELDS}
+        clashes = {name: pair for name, pair in fixed.items() if pair[1] is not None and pair[0] != pair[1]}
+        if clashes:
+            # The server cannot change these in place: say so instead of running on the old ones.
+            differences = ", ".join(f"{k} is {_shown(a)}, configured {_shown(b)}" for k, (a, b) in clashes.items())
+            raise TopologyMismatch(
+                f"stream {config.name} exists with settings that differ from this deployment's and cannot be "
+                f"changed in place: {differences}; migrate the stream (or use another subject_prefix)"
+            )
+        # Every editable setting we own (subjects, retention ages, replicas, limits) follows the
+        # configuration, on a stream that exists already too.
+        if any(_differs(getattr(info.config, name), getattr(config, name)) for name in _EDITABLE_STREAM_FIELDS):
             await self.js.update_stream(config)
 
     async def kv(self, bucket: str) -> KeyValue:
@@ -283,7 +321,7 @@ class Bus:
             return self._kv[bucket]
         try:
             kv = await self.js.key_value(bucket)
-        except Exception:
+        except BucketNotFoundError:  # only a missing bucket is created: a refusal or a timeout is raised
             try:
                 kv = await self.js.create_key_value(
                     bucket=bucket,
