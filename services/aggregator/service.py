@@ -289,9 +289,9 @@ class Aggregator:
             if "maximum messages per subject" not in str(exc).lower():
                 raise
 
-    async def _mark(self, request_id: str, flag: str) -> None:
+    async def _mark(self, request_id: str, flag: str, attempts: int = 100) -> None:
         kv = await self.kv()
-        for _ in range(100):
+        for _ in range(attempts):
             record, revision = await self.get(request_id)
             if record is None or getattr(record, flag):
                 return
@@ -301,6 +301,8 @@ class Aggregator:
                 return
             except KeyWrongLastSequenceError:
                 continue
+        # Never give up silently: the caller's message is naked and the mark retried later.
+        raise RuntimeError(f"could not set {flag} on the record of {request_id}: {attempts} concurrent updates won")
 
     # ------------------------------------------------------------------ advisories
 

@@ -118,3 +118,36 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests() -> None:
     # Past the limit, whatever has been idle for a minute goes.
     aggregator._prune_progress(now=max(aggregator._last_progress_write.values()) + 61)
     assert aggregator._last_progress_write == {}
+
+
+async def test_marking_a_record_never_gives_up_silently() -> None:
+    """A flag that cannot be written (every compare-and-set loses) is an error, so the message is retried."""
+    import pytest
+    from nats.js.errors import KeyWrongLastSequenceError
+
+    class Entry:
+        def __init__(self, value: bytes, revision: int) -> None:
+            self.value, self.revision = value, revision
+
+    class AlwaysRaced:
+        def __init__(self) -> None:
+            self.updates = 0
+
+        async def get(self, key: str) -> Entry:
+            return Entry(RequestRecord(request_id="r1").model_dump_json().encode(), 7)
+
+        async def update(self, key: str, value: bytes, last: int) -> None:
+            self.updates += 1
+            raise KeyWrongLastSequenceError()
+
+    class FakeBus:
+        from shared.subjects import Subjects
+
+        subjects = Subjects()
+
+    aggregator = agg.Aggregator(FakeBus())  # type: ignore[arg-type]
+    kv = AlwaysRaced()
+    aggregator._kv = kv  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="could not set verdict_published on the record of r1: 5 concurrent"):
+        await aggregator._mark("r1", "verdict_published", attempts=5)
+    assert kv.updates == 5
