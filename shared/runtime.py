@@ -39,7 +39,8 @@ from shared.events import CancelRequested, DeadLetter, Progress, Stage
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
 from shared.runner import LocalRunner, Runner, reap_orphans
-from shared.subjects import msg_id
+from shared.settings import Settings
+from shared.subjects import Subjects, msg_id
 
 log = get_logger("ftbus.runtime")
 
@@ -65,11 +66,11 @@ class StageContext:
     subject: str = ""
 
     @property
-    def settings(self) -> Any:
+    def settings(self) -> Settings:
         return self.bus.settings
 
     @property
-    def subjects(self) -> Any:
+    def subjects(self) -> Subjects:
         return self.bus.subjects
 
     async def progress(self, state: str = "running", **fields: Any) -> None:
