@@ -137,8 +137,9 @@ def decision_text(verdict: Verdict, markup: bool = False) -> str:
 
 def summary_table(tasks: Sequence[EvalTask], verdicts: Sequence[Verdict]) -> Table:
     table = Table(title=f"{len(verdicts)} verdicts")
-    for col in ("request", "workspace", "benchmark", "decision", "validation", "base model", "difference"):
-        table.add_column(col)
+    table.add_column("request", no_wrap=True)
+    for col in ("workspace", "benchmark", "decision", "validation", "base model", "difference"):
+        table.add_column(col, overflow="fold")
     for task, verdict in zip(tasks, verdicts, strict=True):
         b = verdict.result.baseline
         table.add_row(
@@ -178,14 +179,18 @@ def human_age(seconds: float | None) -> str:
 
 def requests_table(views: Sequence[RequestStatusView], now: datetime | None = None) -> Table:
     table = Table(title=f"{len(views)} requests")
-    for col in ("request", "status", "stage", "age", "decision", "benchmark", "base model"):
-        table.add_column(col)
+    for col in ("request", "status", "stage", "age"):  # never shortened: ids are for copying
+        table.add_column(col, no_wrap=True)
+    for col in ("decision", "benchmark", "base model"):
+        table.add_column(col, overflow="fold")
     for view in views:
         decision = "" if view.final_decision is None else str(view.final_decision)
         if view.failed_stage:
             decision += f" ({view.failed_stage.value})"
         table.add_row(
-            view.request_id, view.status, view.stage or "", human_age(age(view, now)), decision.strip(),
+            # A finished request's last stage says nothing: where it failed is in the decision.
+            view.request_id, view.status, "" if view.terminal else (view.stage or ""), human_age(age(view, now)),
+            decision.strip(),
             escape(view.task.benchmark) if view.task else "", escape(view.task.base_model) if view.task else "",
         )
     return table
