@@ -31,6 +31,7 @@ class Result:
     errors: Counter[str] = field(default_factory=Counter)
     unsubmitted: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
+    crashed: list[str] = field(default_factory=list)  # workers that exited on their own
     by_kind: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
@@ -38,7 +39,7 @@ class Result:
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers)
+        return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers or self.crashed)
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies:
@@ -60,14 +61,15 @@ class Result:
             ("error verdicts (max_deliver)", ", ".join(f"{k}: {v}" for k, v in self.errors.items()) or "0"),
             ("unsubmitted", f"{len(self.unsubmitted)} {self.unsubmitted[:5] if self.unsubmitted else ''}"),
             ("leftovers", f"{len(self.leftovers)} {self.leftovers[:5] if self.leftovers else ''}"),
+            ("workers that crashed", f"{len(self.crashed)} {self.crashed[:5] if self.crashed else ''}"),
             ("latency p50 / p99", f"{p50:.1f} s / {p99:.1f} s" if p50 is not None and p99 is not None else "-"),
             ("most submit attempts", str(self.max_submit_attempts)),
             ("result", "FAIL" if self.failed else "PASS"),
         ]
         width = max(len(k) for k, _ in rows)
-        line = "+" + "-" * (width + 2) + "+" + "-" * 72 + "+"
-        out = [line, f"| {'chaos check':<{width}} | {'':<70} |", line]
-        out += [f"| {k:<{width}} | {v[:70]:<70} |" for k, v in rows]
+        line = "+" + "-" * (width + 2) + "+" + "-" * 102 + "+"
+        out = [line, f"| {'chaos check':<{width}} | {'':<100} |", line]
+        out += [f"| {k:<{width}} | {v[:100]:<100} |" for k, v in rows]
         out.append(line)
         return "\n".join(out)
 

@@ -77,9 +77,13 @@ class Faults:
 
     async def kill_worker(self) -> str:
         victim = self.rng.choice([s for s in self.services.all if s.stage != "aggregate" and s.alive()])
-        await asyncio.to_thread(victim.kill)
-        await asyncio.sleep(2)
-        victim.start()
+        victim.held = True
+        try:
+            await asyncio.to_thread(victim.kill)
+            await asyncio.sleep(2)
+            victim.start()
+        finally:
+            victim.held = False
         return f"SIGKILL {victim.name}, restarted"
 
     async def stop_worker(self) -> str:
@@ -91,8 +95,12 @@ class Faults:
 
     async def restart_aggregator(self) -> str:
         victim = self.rng.choice(self.services.of("aggregate"))
-        await asyncio.to_thread(victim.stop)
-        victim.start()
+        victim.held = True
+        try:
+            await asyncio.to_thread(victim.stop)
+            victim.start()
+        finally:
+            victim.held = False
         return f"restarted {victim.name}"
 
     # ------------------------------------------------------------------ nodes

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -78,16 +79,22 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
                         submit_probe=lambda: load.extra(client), leader_of=leader, seed=args.seed)
         stop_faults = asyncio.Event()
         fault_task = asyncio.create_task(faults.run(stop_faults))
+        supervisor = asyncio.create_task(services.supervise(stop_faults))
         started = time.monotonic()
         await load.run(client, deadline_s=args.deadline)
         stop_faults.set()
         await fault_task
+        await supervisor
         print(f"  load done in {time.monotonic() - started:.0f} s", flush=True)
         await load.wait_more(client, 90)  # requests the faults submitted themselves, stragglers
 
         info = await _retry(lambda: client.bus.js.stream_info(subjects.stream_verdicts, subjects_filter=">"))
         stream_counts = dict(info.state.subjects or {})
         await _explain_missing(client, load)
+        # Exits nobody asked for (the supervisor started those workers again), and workers down now.
+        crashed = [f"{svc.name} exited {code}" for svc in services.all for code in svc.exits]
+        crashed += [f"{svc.name} down (exit {svc.proc.returncode})" for svc in services.all
+                    if svc.proc is not None and svc.proc.poll() is not None]
         ack_losses = []
         for mode, trials in (("leader", args.probe_trials), ("all", (args.probe_trials + 2) // 3)):
             if trials:
@@ -99,6 +106,13 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
         cluster.stop()
     left = await asyncio.to_thread(leftovers, root)
     result = check(load.requests, stream_counts, published, published_counts, left, faults.done, subjects.verdict)
+    result.crashed = crashed
+    if result.failed and args.keep_logs:
+        kept = args.keep_logs / time.strftime("chaos-%Y%m%d-%H%M%S")
+        shutil.copytree(root / "logs", kept / "workers")
+        for node in cluster.nodes:
+            shutil.copy(node.log, kept / f"{node.name}.log")
+        print(f"  logs kept in {kept}", flush=True)
     return result, ack_losses, faults.log
 
 
@@ -159,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-trials", type=int, default=None, help="node-dies-after-ack trials")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument("--keep-logs", type=Path, default=Path(tempfile.gettempdir()),
+                        help="where a failed run's worker and server logs are copied")
     args = parser.parse_args(argv)
     args.requests = args.requests or (20 if args.smoke else 120)
     args.rate = args.rate or (1.5 if args.smoke else 2.7)
@@ -177,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "failed": result.failed, "requests": result.requests, "ok": result.ok, "lost": result.lost,
             "duplicated": result.duplicated, "wrong": result.wrong, "errors": dict(result.errors),
-            "unsubmitted": result.unsubmitted, "leftovers": result.leftovers, "faults": dict(result.faults),
+            "unsubmitted": result.unsubmitted, "leftovers": result.leftovers, "crashed": result.crashed,
+            "faults": dict(result.faults),
             "p50": result.percentile(50), "p99": result.percentile(99), "fault_log": fault_log,
             "ack_loss": [loss.__dict__ for loss in ack_losses],
         }, indent=2))

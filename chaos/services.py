@@ -7,6 +7,7 @@ durations and outcomes from the workspace (train.yaml keys, process_data.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -59,6 +60,8 @@ class Service:
     concurrency: int = 1
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     starts: int = 0
+    held: bool = False  # a fault is working on it: the supervisor leaves it alone
+    exits: list[int] = field(default_factory=list)  # exit codes of exits nobody asked for
 
     @property
     def name(self) -> str:
@@ -142,7 +145,20 @@ class Services:
 
     def stop(self) -> None:
         for service in self.all:
+            service.held = True
             service.stop()
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Like a restart policy (systemd, Kubernetes): start again a worker that exited on its own."""
+        while not stop.is_set():
+            for service in self.all:
+                if not service.held and service.proc is not None and service.proc.poll() is not None:
+                    service.exits.append(service.proc.returncode)
+                    service.start()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
 
 
 def tagged_processes(root: Path) -> list[tuple[int, str]]:

@@ -183,7 +183,9 @@ def worker(
         start_undertaker()  # kills our candidates' processes if this worker is killed
         bus = await Bus.connect(settings, name=f"ftbus-{stage.value}")
         try:
-            await bus.ensure_topology()
+            from shared.retry import retry_transient
+
+            await retry_transient(bus.ensure_topology, "the topology")  # a cluster may be electing leaders
             await run_services(bus, [stage], concurrency, stop)
         finally:
             await bus.close()

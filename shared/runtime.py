@@ -38,6 +38,7 @@ from shared.bus import Bus
 from shared.events import CancelRequested, DeadLetter, Progress, Stage
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
+from shared.retry import retry_transient
 from shared.runner import LocalRunner, Runner, reap_orphans
 from shared.settings import Settings
 from shared.subjects import Subjects, msg_id
@@ -137,7 +138,7 @@ class StageWorker:
         orphans = await asyncio.to_thread(reap_orphans)
         if orphans:
             log.warning("killed candidate processes left by a dead worker", pids=orphans)
-        await self.bus.ensure_consumer(self.stream, self.durable, self.filters)
+        await retry_transient(lambda: self.bus.ensure_consumer(self.stream, self.durable, self.filters), self.durable)
         # Stages kill a cancelled request's work; the aggregator must not: it has to record the cancel.
         cancel_sub = (
             await self.bus.nc.subscribe(self.bus.subjects.cancel, cb=self._on_cancel) if self.skip_cancelled else None
