@@ -33,7 +33,6 @@ from services.aggregator.verdicts import (
 )
 from shared import codec
 from shared.bus import Bus
-from shared.consumer import consume
 from shared.events import (
     BenchResult,
     CancelRequested,
@@ -48,7 +47,8 @@ from shared.events import (
 )
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord, StageTiming
-from shared.runtime import Outgoing, StageContext, StageWorker, never_dead_letter
+from shared.retry import retry_transient
+from shared.runtime import Outgoing, StageContext, StageWorker
 
 log = get_logger("ftbus.aggregator")
 
@@ -85,8 +85,10 @@ class Aggregator:
             self.on_event,
             (EvalRequested, CancelRequested, DataResult, TrainResult, BenchResult, JudgeResult),
             concurrency=self.concurrency,
-            policies=(),  # it must see cancelled requests; it stores and announces nothing
-            dead_letter=self._dead_letters_here,
+            remember_results=False,
+            skip_cancelled=False,
+            announce=False,
+            dead_letter_undecodable=self._no_stage_reads,
         )
         tests = StageWorker(
             self.bus,
@@ -96,7 +98,9 @@ class Aggregator:
             stream=self.s.stream_test,
             durable=f"{self.s.durable(Stage.aggregate)}-test",
             filters=[self.s.bench_test],
-            policies=(),
+            remember_results=False,
+            skip_cancelled=False,
+            announce=False,
         )
         dead = StageWorker(
             self.bus,
@@ -106,8 +110,10 @@ class Aggregator:
             stream=self.s.stream_dlq,
             durable=f"{self.s.durable(Stage.aggregate)}-dlq",
             filters=[self.s.dlq],
-            policies=(),
-            dead_letter=never_dead_letter,
+            remember_results=False,
+            skip_cancelled=False,
+            announce=False,
+            dead_letter_undecodable=False,
         )
         progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
         tasks = [
@@ -126,8 +132,8 @@ class Aggregator:
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
 
-    def _dead_letters_here(self, subject: str) -> str | None:
-        """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
+    def _no_stage_reads(self, subject: str) -> bool:
+        """Whether no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
 
         An unreadable event bound for a stage is dead-lettered by that stage's workers, naming that
         stage; were the aggregator to do it too, the two letters would race to name the stage of
@@ -135,8 +141,7 @@ class Aggregator:
         cancels, subjects nobody consumes).
         """
         stages = (Stage.data, Stage.train, Stage.bench, Stage.judge)
-        reader = next((stage for stage in stages if subject in self.s.stage_filters(stage)), None)
-        return None if reader is None else f"the {reader.value} stage dead-letters it"
+        return not any(subject in self.s.stage_filters(stage) for stage in stages)
 
     # ------------------------------------------------------------------ events
 
@@ -303,16 +308,25 @@ class Aggregator:
     # ------------------------------------------------------------------ advisories
 
     async def _advisories(self, stop: asyncio.Event) -> None:
-        await consume(self.bus, self.s.stream_advisories, f"{self.s.durable(Stage.aggregate)}-advisories", [">"],
-                      self._on_advisory, stop, what="aggregate")
-
-    async def _on_advisory(self, msg: Any) -> None:
-        try:
-            await self._on_max_deliveries(json.loads(msg.data))
-            await msg.ack()
-        except Exception:
-            log.exception("advisory handling failed, will retry")
-            await msg.nak(delay=2)
+        durable = f"{self.s.durable(Stage.aggregate)}-advisories"
+        await retry_transient(lambda: self.bus.ensure_consumer(self.s.stream_advisories, durable, [">"]), durable)
+        psub = await self.bus.js.pull_subscribe_bind(durable, self.s.stream_advisories)
+        while not stop.is_set():
+            try:
+                msgs = await psub.fetch(1, timeout=2)
+            except nats.errors.TimeoutError:
+                continue
+            except Exception as exc:
+                log.warning("advisory fetch failed", error=str(exc))
+                await asyncio.sleep(1)
+                continue
+            for msg in msgs:
+                try:
+                    await self._on_max_deliveries(json.loads(msg.data))
+                    await msg.ack()
+                except Exception:
+                    log.exception("advisory handling failed, will retry")
+                    await msg.nak(delay=2)
 
     async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
         """A stage gave up on a message: turn it into a dead letter (the DLQ consumer does the rest)."""
