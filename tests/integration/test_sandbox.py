@@ -21,7 +21,7 @@ import pytest
 
 from shared.docker_runner import LABEL_OWNER, DockerRunner, engine_client, reap_containers
 from shared.embedded import EmbeddedServer
-from shared.events import Stage, TaskSpec
+from shared.events import Stage, TaskSpec, Verdict
 from shared.logs import bound
 from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT
 from shared.sandbox import Sandbox
@@ -242,6 +242,20 @@ def docker_settings(settings: Settings, image: str) -> Settings:
     })
 
 
+async def _verdict_of_data_failure(settings: Settings, ws: Path) -> Verdict:
+    """The verdict of a request that ends in the data stage (only data, judge and aggregator run)."""
+    pipeline = Pipeline(settings)
+    try:
+        await pipeline.start(DATA_ONLY)
+        assert pipeline.client is not None
+        rid = await pipeline.client.submit(ws, TASK)
+        verdict = await pipeline.client.wait(rid, timeout_s=180)
+    finally:
+        await pipeline.stop()
+    assert isinstance(verdict, Verdict)
+    return verdict
+
+
 async def test_hostile_candidate_through_the_pipeline_gets_one_verdict(
     docker_settings: Settings, nats_server: EmbeddedServer, assets_dir: Path, tmp_path: Path
 ) -> None:
@@ -250,13 +264,7 @@ async def test_hostile_candidate_through_the_pipeline_gets_one_verdict(
     ws = _hostile_workspace(tmp_path / "ws", nats_server, assets_dir, link_data_to=str(hidden))
     (ws / "train.yaml").write_text("model_name_or_path: tiny-standin\ndataset: processed_data\n")
     (ws / "dataset_info.json").write_text('{"processed_data": {"file_name": "data.json"}}')
-    pipeline = Pipeline(docker_settings)
-    try:
-        await pipeline.start(DATA_ONLY)
-        rid = await pipeline.client.submit(ws, TASK)
-        verdict = await pipeline.client.wait(rid, timeout_s=180)
-    finally:
-        await pipeline.stop()
+    verdict = await _verdict_of_data_failure(docker_settings, ws)
     assert verdict.failed_stage == "data_processing" and verdict.final_decision is False
     assert "data.json refused" in verdict.execution + verdict.return_checking + verdict.raw_execution
     attempts = _attempts(verdict.raw_execution)
@@ -269,14 +277,7 @@ async def test_out_of_memory_in_the_pipeline_is_named_in_the_verdict(
     docker_settings: Settings, tmp_path: Path
 ) -> None:
     script = "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 2**20))\n"
-    ws = write_workspace(tmp_path / "ws", script=script)
-    pipeline = Pipeline(docker_settings)
-    try:
-        await pipeline.start(DATA_ONLY)
-        rid = await pipeline.client.submit(ws, TASK)
-        verdict = await pipeline.client.wait(rid, timeout_s=180)
-    finally:
-        await pipeline.stop()
+    verdict = await _verdict_of_data_failure(docker_settings, write_workspace(tmp_path / "ws", script=script))
     assert verdict.failed_stage == "data_processing"
     text = verdict.execution + verdict.return_checking + verdict.raw_execution
     assert "137" in text and "out of memory" in text
