@@ -501,8 +501,10 @@ def reap_orphans() -> list[int]:
         if tag is None:
             continue
         owner, _, started = tag.partition(":")
-        if owner.isdigit() and _alive(int(owner)) and _start_time(int(owner)) == started:
-            continue  # its worker is alive: not an orphan
+        if owner.isdigit() and _alive(int(owner)) and (_start_time(int(owner)) == started or "." not in started):
+            # Its worker is alive: not an orphan. (A tag without a fractional start time was written
+            # by an older ftbus, which counted clock ticks: a live owner is then trusted.)
+            continue
         with contextlib.suppress(psutil.Error):
             proc.kill()
             killed.append(proc.pid)
