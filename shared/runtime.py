@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-import nats
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel
@@ -35,10 +34,10 @@ from pydantic import BaseModel
 from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
+from shared.consumer import consume
 from shared.events import CancelRequested, DeadLetter, Progress, Stage
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
-from shared.retry import retry_transient
 from shared.runner import LocalRunner, Runner, reap_orphans
 from shared.settings import Settings
 from shared.subjects import Subjects, msg_id
@@ -86,13 +85,154 @@ def _stage_key(request_id: str, stage: Stage) -> str:
     return f"{request_id}.{stage.value}"
 
 
-class StageWorker:
-    """Runs ``concurrency`` message loops of one stage in this process.
+# ---------------------------------------------------------------------------- policies
+#
+# What a consumer does around its handler is a list of small policies, each one job. A stage
+# worker has all three; the aggregator none (it must see cancelled requests, keeps no results of
+# its own, and announces nothing).
 
-    ``remember_results``: store what the handler published, for idempotent redelivery.
-    ``skip_cancelled``: skip cancelled requests and kill a running one on cancel (stages; not the
-    aggregator, which must record the cancel). ``announce``: publish started/finished progress.
-    ``dead_letter_undecodable``: dead-letter unreadable messages (or decide per subject).
+
+class Policy:
+    """Hooks around one message's handling; each defaults to doing nothing."""
+
+    async def start(self, worker: StageWorker) -> None:
+        """The worker starts (before any message)."""
+
+    async def stop(self) -> None:
+        """The worker stops."""
+
+    async def skip(self, worker: StageWorker, request_id: str) -> bool:
+        """True: the message needs no handling (it is acked as it is)."""
+        return False
+
+    async def started(self, ctx: StageContext) -> None:
+        """The handler is about to run."""
+
+    async def beat(self, worker: StageWorker, request_id: str) -> None:
+        """A heartbeat while the handler runs."""
+
+    async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        """The handler returned; its events are about to be published."""
+
+    async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        """The events are published and the message acked."""
+
+    async def retrying(self, ctx: StageContext, exc: Exception) -> None:
+        """The handler raised: the message is naked for another attempt."""
+
+
+class IdempotencyStore(Policy):
+    """Stores what the handler published under (request_id, stage); a redelivery after a crash
+    between store and ack republishes it instead of running the stage again."""
+
+    async def skip(self, worker: StageWorker, request_id: str) -> bool:
+        bus = worker.bus
+        kv = await bus.kv(bus.subjects.kv_stage_results(worker.stage))
+        try:
+            entry = await kv.get(_stage_key(request_id, worker.stage))
+        except KeyNotFoundError:
+            return False
+        if not entry.value:
+            return False
+        for subject, kind, payload in msgpack.unpackb(entry.value, raw=False):
+            await bus.publish(subject, codec.decode(payload), msg_id(request_id, worker.stage.value, kind))
+        log.info("stage already done, republished its stored result")
+        return True
+
+    async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        kv = await ctx.bus.kv(ctx.subjects.kv_stage_results(ctx.stage))
+        packed = msgpack.packb([[o.subject, o.kind, codec.encode(o.event)] for o in outgoing], use_bin_type=True)
+        await kv.put(_stage_key(ctx.request_id, ctx.stage), packed)
+
+
+class SkipCancelled(Policy):
+    """A cancelled request is skipped, and its running work killed: on the cancel event (core
+    NATS), and, since a worker cut off from the server misses that, on the status record."""
+
+    def __init__(self) -> None:
+        self._worker: StageWorker | None = None
+        self._sub: Any = None
+
+    async def start(self, worker: StageWorker) -> None:
+        self._worker = worker
+        self._sub = await worker.bus.nc.subscribe(worker.bus.subjects.cancel, cb=self._on_cancel)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    async def skip(self, worker: StageWorker, request_id: str) -> bool:
+        if await is_cancelled(worker.bus, request_id):
+            log.info("request was cancelled, skipping")
+            return True
+        return False
+
+    async def beat(self, worker: StageWorker, request_id: str) -> None:
+        if await is_cancelled(worker.bus, request_id):
+            worker.cancel_running(request_id, "cancelled (seen in the status record)")
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            event = codec.decode(msg.data, CancelRequested)
+        except codec.CodecError:
+            return  # the aggregator dead-letters bad control messages
+        if self._worker is not None:
+            self._worker.cancel_running(event.request_id, event.reason)
+
+
+class AnnounceProgress(Policy):
+    """Started / finished / failed / retrying progress events for clients and dashboards."""
+
+    async def started(self, ctx: StageContext) -> None:
+        await ctx.progress("started", message=f"attempt {ctx.deliveries}")
+
+    async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        ok = all(not out.kind.endswith("failed") for out in outgoing)
+        await ctx.progress("finished" if ok else "failed", message=", ".join(o.kind for o in outgoing))
+
+    async def retrying(self, ctx: StageContext, exc: Exception) -> None:
+        await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def stage_policies() -> tuple[Policy, ...]:
+    """What every stage worker does around its handler."""
+    return (SkipCancelled(), IdempotencyStore(), AnnounceProgress())
+
+
+#: Whether this consumer dead-letters an unreadable message on ``subject``: None to do it, or the
+#: reason it does not (logged; the message is then terminated).
+DeadLetterRule = Callable[[str], "str | None"]
+
+
+def always_dead_letter(subject: str) -> str | None:
+    return None
+
+
+def never_dead_letter(subject: str) -> str | None:
+    return "a dead letter that cannot be read is dropped (it would loop back to the dead-letter stream)"
+
+
+async def is_cancelled(bus: Bus, request_id: str) -> bool:
+    kv = await bus.kv(bus.subjects.kv_status)
+    try:
+        entry = await kv.get(request_id)
+    except KeyNotFoundError:
+        return False
+    if not entry.value:
+        return False
+    view = RequestStatusView.model_validate_json(entry.value)
+    return view.cancel_requested or view.status == "cancelled"
+
+
+# ---------------------------------------------------------------------------- the worker
+
+
+class StageWorker:
+    """Consumes one stage's messages (``concurrency`` at a time in this process) with its handler.
+
+    ``policies`` say what happens around the handler (default: :func:`stage_policies`);
+    ``dead_letter`` says which unreadable messages this consumer dead-letters (default: all).
     """
 
     def __init__(
@@ -107,10 +247,8 @@ class StageWorker:
         stream: str | None = None,
         durable: str | None = None,
         filters: Sequence[str] | None = None,
-        remember_results: bool = True,
-        skip_cancelled: bool = True,
-        announce: bool = True,
-        dead_letter_undecodable: bool | Callable[[str], bool] = True,
+        policies: Sequence[Policy] | None = None,
+        dead_letter: DeadLetterRule = always_dead_letter,
     ) -> None:
         self.bus = bus
         self.stage = stage
@@ -125,10 +263,8 @@ class StageWorker:
         self.stream = stream or bus.subjects.stream_events
         self.durable = durable or bus.subjects.durable(stage)
         self.filters = list(filters or bus.subjects.stage_filters(stage))
-        self.remember_results = remember_results
-        self.skip_cancelled = skip_cancelled
-        self.announce = announce
-        self.dead_letter_undecodable = dead_letter_undecodable
+        self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
+        self.dead_letter = dead_letter
         self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}
         self._cancelled: set[str] = set()
 
@@ -138,86 +274,52 @@ class StageWorker:
         orphans = await asyncio.to_thread(reap_orphans)
         if orphans:
             log.warning("killed candidate processes left by a dead worker", pids=orphans)
-        await retry_transient(lambda: self.bus.ensure_consumer(self.stream, self.durable, self.filters), self.durable)
-        # Stages kill a cancelled request's work; the aggregator must not: it has to record the cancel.
-        cancel_sub = (
-            await self.bus.nc.subscribe(self.bus.subjects.cancel, cb=self._on_cancel) if self.skip_cancelled else None
-        )
+        for policy in self.policies:
+            await policy.start(self)
         log.info("worker started", stage=self.stage.value, concurrency=self.concurrency, durable=self.durable)
-        loops = [asyncio.create_task(self._loop(stop, i)) for i in range(self.concurrency)]
-        stopping = asyncio.create_task(stop.wait())
         try:
-            # On stop, do not finish a training that may take hours: cancel it (the runner kills
-            # its process tree) and nak the message, so another worker takes it over at once.
-            done, _ = await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task is not stopping and task.exception():
-                    raise task.exception()  # type: ignore[misc]
+            # On stop, do not finish a training that may take hours: the loops are cancelled (the
+            # runner kills its process tree) and the message naked, so another worker takes it.
+            await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
+                          concurrency=self.concurrency, what=self.stage.value)
         finally:
-            stopping.cancel()
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            if cancel_sub is not None:
-                with contextlib.suppress(Exception):
-                    await cancel_sub.unsubscribe()
+            for policy in self.policies:
+                await policy.stop()
             log.info("worker stopped", stage=self.stage.value)
 
-    async def _loop(self, stop: asyncio.Event, index: int) -> None:
-        psub = await self.bus.js.pull_subscribe_bind(self.durable, self.stream)
-        try:
-            while not stop.is_set():
-                try:
-                    msgs = await psub.fetch(1, timeout=2)
-                except nats.errors.TimeoutError:
-                    continue  # nothing to do: normal control flow
-                except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
-                    await asyncio.sleep(1)
-                    continue
-                except Exception as exc:
-                    log.warning("fetch failed", stage=self.stage.value, error=str(exc))
-                    await asyncio.sleep(1)
-                    continue
-                for msg in msgs:
-                    await self._process(msg, stop)
-        finally:
-            with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+    def cancel_running(self, request_id: str, reason: str) -> None:
+        """Kill this worker's running handling of ``request_id``, as a cancel (acked, not retried)."""
+        task = self._running.get(request_id)
+        if task is not None and not task.done():
+            with bound(request_id=request_id, stage=self.stage.value):
+                log.info("cancelling the running stage", reason=reason)
+            self._cancelled.add(request_id)
+            task.cancel()
 
     # ------------------------------------------------------------------ one message
 
-    async def _process(self, msg: Msg, stop: asyncio.Event) -> None:
+    async def _process(self, msg: Msg) -> None:
         deliveries = msg.metadata.num_delivered if msg.metadata else 1
         try:
             event = codec.decode(msg.data, self.expected)
         except codec.CodecError as err:
-            # A callable decides by subject: a consumer that reads another stage's input leaves
-            # the dead letter (and the stage it names) to that stage's own workers.
-            dead_letter = self.dead_letter_undecodable
-            if callable(dead_letter):
-                dead_letter = dead_letter(msg.subject)
-            if dead_letter:
+            left_alone = self.dead_letter(msg.subject)
+            if left_alone is None:
                 await self._dead_letter(msg, err.reason, err.request_id, deliveries)
-            elif callable(self.dead_letter_undecodable):
-                log.info("unreadable message, dead-lettered by its stage", reason=err.reason, subject=msg.subject)
-                await msg.term()
             else:
-                log.error("dropping an unreadable message", reason=err.reason, subject=msg.subject)
+                log.info("unreadable message not dead-lettered here", why=left_alone, reason=err.reason,
+                         subject=msg.subject)
                 await msg.term()
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage.value):
-            if self.skip_cancelled and await self._is_cancelled(request_id):
-                log.info("request was cancelled, skipping")
-                await msg.ack()
-                return
-            if self.remember_results and await self._republish_stored(request_id):
-                log.info("stage already done, republished its stored result")
-                await msg.ack()
-                return
-            await self._handle(msg, event, deliveries, stop)
+            for policy in self.policies:
+                if await policy.skip(self, request_id):
+                    await msg.ack()
+                    return
+            await self._handle(msg, event, deliveries)
 
-    async def _handle(self, msg: Msg, event: Any, deliveries: int, stop: asyncio.Event) -> None:
+    async def _handle(self, msg: Msg, event: Any, deliveries: int) -> None:
         request_id: str = event.request_id
         artifacts = await self.bus.artifacts()
         workdir = self.bus.settings.work / self.stage.value / f"{request_id}-{deliveries}"
@@ -225,8 +327,8 @@ class StageWorker:
             self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject
         )
         log.info("stage started", delivery=deliveries, subject=msg.subject)
-        if self.announce:
-            await ctx.progress("started", message=f"attempt {deliveries}")
+        for policy in self.policies:
+            await policy.started(ctx)
         heartbeat = asyncio.create_task(self._heartbeat(msg, request_id))
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
@@ -246,8 +348,8 @@ class StageWorker:
         except Exception as exc:
             delay = self._backoff(deliveries)
             log.exception("infrastructure error, will retry", delay_s=delay, delivery=deliveries)
-            if self.announce:
-                await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500])
+            for policy in self.policies:
+                await policy.retrying(ctx, exc)
             with contextlib.suppress(Exception):
                 await msg.nak(delay=delay)
             return
@@ -259,8 +361,8 @@ class StageWorker:
                 await heartbeat
             _cleanup(workdir)
         try:
-            if self.remember_results:
-                await self._store(request_id, outgoing)
+            for policy in self.policies:
+                await policy.done(ctx, outgoing)
             for out in outgoing:
                 await self.bus.publish(out.subject, out.event, msg_id(request_id, self.stage.value, out.kind))
             await msg.ack()
@@ -269,10 +371,9 @@ class StageWorker:
             with contextlib.suppress(Exception):
                 await msg.nak(delay=self._backoff(deliveries))
             return
-        if self.announce:
-            ok = all(not out.kind.endswith("failed") for out in outgoing)
-            await ctx.progress("finished" if ok else "failed", message=", ".join(o.kind for o in outgoing))
-            log.info("stage finished", published=[o.subject for o in outgoing])
+        for policy in self.policies:
+            await policy.finished(ctx, outgoing)
+        log.info("stage finished", published=[o.subject for o in outgoing])
 
     def _backoff(self, deliveries: int) -> float:
         steps = self.bus.settings.retry_backoff_s or [1.0]
@@ -284,14 +385,10 @@ class StageWorker:
             await asyncio.sleep(interval)
             try:
                 await msg.in_progress()
-                # A cancel is a core NATS message: one sent while this worker was cut off (a node
-                # failover, a SIGSTOP) never arrives. The status record keeps it: look there too.
-                if self.skip_cancelled and await self._is_cancelled(request_id):
-                    self._cancel_running(request_id, "cancelled (seen in the status record)")
+                for policy in self.policies:
+                    await policy.beat(self, request_id)
             except Exception as exc:  # a lost connection: the next beat may get through
                 log.warning("heartbeat failed", error=str(exc))
-
-    # ------------------------------------------------------------------ helpers
 
     async def _dead_letter(self, msg: Msg, reason: str, request_id: str | None, deliveries: int) -> None:
         seq = msg.metadata.sequence.stream if msg.metadata else 0
@@ -307,50 +404,6 @@ class StageWorker:
         )
         await self.bus.publish(self.bus.subjects.dlq, letter, f"dlq:{self.stream}:{seq}:{self.durable}")
         await msg.term()
-
-    async def _is_cancelled(self, request_id: str) -> bool:
-        kv = await self.bus.kv(self.bus.subjects.kv_status)
-        try:
-            entry = await kv.get(request_id)
-        except KeyNotFoundError:
-            return False
-        if not entry.value:
-            return False
-        view = RequestStatusView.model_validate_json(entry.value)
-        return view.cancel_requested or view.status == "cancelled"
-
-    async def _store(self, request_id: str, outgoing: list[Outgoing]) -> None:
-        kv = await self.bus.kv(self.bus.subjects.kv_stage_results(self.stage))
-        packed = msgpack.packb([[o.subject, o.kind, codec.encode(o.event)] for o in outgoing], use_bin_type=True)
-        await kv.put(_stage_key(request_id, self.stage), packed)
-
-    async def _republish_stored(self, request_id: str) -> bool:
-        kv = await self.bus.kv(self.bus.subjects.kv_stage_results(self.stage))
-        try:
-            entry = await kv.get(_stage_key(request_id, self.stage))
-        except KeyNotFoundError:
-            return False
-        if not entry.value:
-            return False
-        for subject, kind, payload in msgpack.unpackb(entry.value, raw=False):
-            event = codec.decode(payload)
-            await self.bus.publish(subject, event, msg_id(request_id, self.stage.value, kind))
-        return True
-
-    async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            event = codec.decode(msg.data, CancelRequested)
-        except codec.CodecError:
-            return  # the aggregator dead-letters bad control messages
-        self._cancel_running(event.request_id, event.reason)
-
-    def _cancel_running(self, request_id: str, reason: str) -> None:
-        task = self._running.get(request_id)
-        if task is not None and not task.done():
-            with bound(request_id=request_id, stage=self.stage.value):
-                log.info("cancelling the running stage", reason=reason)
-            self._cancelled.add(request_id)
-            task.cancel()
 
 
 def _cleanup(workdir: Path) -> None:

@@ -33,6 +33,7 @@ from services.aggregator.verdicts import (
 )
 from shared import codec
 from shared.bus import Bus
+from shared.consumer import consume
 from shared.events import (
     BenchResult,
     CancelRequested,
@@ -47,8 +48,7 @@ from shared.events import (
 )
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord, StageTiming
-from shared.retry import retry_transient
-from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.runtime import Outgoing, StageContext, StageWorker, never_dead_letter
 
 log = get_logger("ftbus.aggregator")
 
@@ -85,10 +85,8 @@ class Aggregator:
             self.on_event,
             (EvalRequested, CancelRequested, DataResult, TrainResult, BenchResult, JudgeResult),
             concurrency=self.concurrency,
-            remember_results=False,
-            skip_cancelled=False,
-            announce=False,
-            dead_letter_undecodable=self._no_stage_reads,
+            policies=(),  # it must see cancelled requests; it stores and announces nothing
+            dead_letter=self._dead_letters_here,
         )
         tests = StageWorker(
             self.bus,
@@ -98,9 +96,7 @@ class Aggregator:
             stream=self.s.stream_test,
             durable=f"{self.s.durable(Stage.aggregate)}-test",
             filters=[self.s.bench_test],
-            remember_results=False,
-            skip_cancelled=False,
-            announce=False,
+            policies=(),
         )
         dead = StageWorker(
             self.bus,
@@ -110,10 +106,8 @@ class Aggregator:
             stream=self.s.stream_dlq,
             durable=f"{self.s.durable(Stage.aggregate)}-dlq",
             filters=[self.s.dlq],
-            remember_results=False,
-            skip_cancelled=False,
-            announce=False,
-            dead_letter_undecodable=False,
+            policies=(),
+            dead_letter=never_dead_letter,
         )
         progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
         tasks = [
@@ -132,8 +126,8 @@ class Aggregator:
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
 
-    def _no_stage_reads(self, subject: str) -> bool:
-        """Whether no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
+    def _dead_letters_here(self, subject: str) -> str | None:
+        """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
 
         An unreadable event bound for a stage is dead-lettered by that stage's workers, naming that
         stage; were the aggregator to do it too, the two letters would race to name the stage of
@@ -141,7 +135,8 @@ class Aggregator:
         cancels, subjects nobody consumes).
         """
         stages = (Stage.data, Stage.train, Stage.bench, Stage.judge)
-        return not any(subject in self.s.stage_filters(stage) for stage in stages)
+        reader = next((stage for stage in stages if subject in self.s.stage_filters(stage)), None)
+        return None if reader is None else f"the {reader.value} stage dead-letters it"
 
     # ------------------------------------------------------------------ events
 
@@ -308,25 +303,16 @@ class Aggregator:
     # ------------------------------------------------------------------ advisories
 
     async def _advisories(self, stop: asyncio.Event) -> None:
-        durable = f"{self.s.durable(Stage.aggregate)}-advisories"
-        await retry_transient(lambda: self.bus.ensure_consumer(self.s.stream_advisories, durable, [">"]), durable)
-        psub = await self.bus.js.pull_subscribe_bind(durable, self.s.stream_advisories)
-        while not stop.is_set():
-            try:
-                msgs = await psub.fetch(1, timeout=2)
-            except nats.errors.TimeoutError:
-                continue
-            except Exception as exc:
-                log.warning("advisory fetch failed", error=str(exc))
-                await asyncio.sleep(1)
-                continue
-            for msg in msgs:
-                try:
-                    await self._on_max_deliveries(json.loads(msg.data))
-                    await msg.ack()
-                except Exception:
-                    log.exception("advisory handling failed, will retry")
-                    await msg.nak(delay=2)
+        await consume(self.bus, self.s.stream_advisories, f"{self.s.durable(Stage.aggregate)}-advisories", [">"],
+                      self._on_advisory, stop, what="aggregate")
+
+    async def _on_advisory(self, msg: Any) -> None:
+        try:
+            await self._on_max_deliveries(json.loads(msg.data))
+            await msg.ack()
+        except Exception:
+            log.exception("advisory handling failed, will retry")
+            await msg.nak(delay=2)
 
     async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
         """A stage gave up on a message: turn it into a dead letter (the DLQ consumer does the rest)."""

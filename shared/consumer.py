@@ -1,0 +1,73 @@
+"""One pull-consumer loop: every worker of ftbus fetches its messages here.
+
+Stage workers (``shared/runtime.py``) and the aggregator's advisory reader both run
+:func:`consume`: ``concurrency`` loops bound to one durable consumer, each fetching one message at a
+time and handing it to ``on_message``. An empty fetch is normal; a lost connection or a failed
+fetch waits a second and tries again. On ``stop`` the loops are cancelled: a message whose
+handling was cancelled is the handler's to nak (so another worker takes it over at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+import nats
+from nats.aio.msg import Msg
+
+from shared.bus import Bus
+from shared.logs import get_logger
+
+log = get_logger("ftbus.consumer")
+
+OnMessage = Callable[[Msg], Awaitable[None]]
+
+
+async def consume(
+    bus: Bus,
+    stream: str,
+    durable: str,
+    filters: Sequence[str],
+    on_message: OnMessage,
+    stop: asyncio.Event,
+    *,
+    concurrency: int = 1,
+    what: str = "",
+) -> None:
+    """Run ``concurrency`` fetch loops on ``durable`` until ``stop`` is set (or a loop fails)."""
+    await bus.ensure_consumer(stream, durable, list(filters))
+    loops = [asyncio.create_task(_loop(bus, stream, durable, on_message, stop, what)) for _ in range(concurrency)]
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopping and task.exception():
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        stopping.cancel()
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+
+async def _loop(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop: asyncio.Event, what: str) -> None:
+    psub = await bus.js.pull_subscribe_bind(durable, stream)
+    try:
+        while not stop.is_set():
+            try:
+                msgs = await psub.fetch(1, timeout=2)
+            except nats.errors.TimeoutError:
+                continue  # nothing to do: normal control flow
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+                await asyncio.sleep(1)
+                continue
+            except Exception as exc:
+                log.warning("fetch failed", consumer=durable, stage=what, error=str(exc))
+                await asyncio.sleep(1)
+                continue
+            for msg in msgs:
+                await on_message(msg)
+    finally:
+        with contextlib.suppress(Exception):
+            await psub.unsubscribe()
