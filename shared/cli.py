@@ -142,6 +142,7 @@ def up(
 
         start_undertaker(server.pid if server else None)  # nothing of ours outlives us, even a kill -9
         err.print(f"ftbus is up: NATS at [bold]{url}[/] (home {settings.home}). Ctrl-C stops it.")
+        _print_sandbox(settings)
         log.info("ftbus up", nats_url=url, embedded=server is not None)
         stop = asyncio.Event()
         _stop_on_signals(stop)
@@ -165,6 +166,17 @@ def up(
     _run(main())
 
 
+def _print_sandbox(settings: Settings) -> None:
+    """Where candidate code runs; with no isolation, loudly (docs/sandbox.md)."""
+    from shared.sandbox import LOCAL_WARNING
+    from shared.stage_runner import describe_sandbox
+
+    if settings.sandbox == "local":
+        err.print(f"[bold red]WARNING: {LOCAL_WARNING}[/]")
+    else:
+        err.print(f"candidate code runs in the sandbox: {describe_sandbox(settings)}")
+
+
 @app.command()
 def worker(
     stage: Annotated[Stage, typer.Argument(help="Which stage this worker runs.")],
@@ -178,6 +190,8 @@ def worker(
     async def main() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
+        if stage in (Stage.data, Stage.train, Stage.bench):
+            _print_sandbox(settings)
         from shared.undertaker import start_undertaker
 
         start_undertaker()  # kills our candidates' processes if this worker is killed
