@@ -1,4 +1,4 @@
-"""Runners: how every stage runs candidate code (DESIGN.md, "Runners").
+"""Runners: how every stage runs candidate code (docs/sandbox.md).
 
 The candidate's code is untrusted and its failure is a *result*: a non-zero exit, a timeout or a
 command that does not exist all come back as a :class:`RunResult`, never as an exception. What

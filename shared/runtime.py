@@ -1,4 +1,4 @@
-"""The stage worker runtime: how every service consumes its events (DESIGN.md, "Delivery rules").
+"""The stage worker runtime: how every service consumes its events (docs/design.md, §5).
 
 One durable pull consumer per stage, shared by every worker of that stage (the server balances
 the load). For each message:

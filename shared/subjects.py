@@ -1,4 +1,4 @@
-"""Subjects, streams and durable consumers (DESIGN.md, "Subjects and streams").
+"""Subjects, streams and durable consumers (docs/design.md, §4).
 
 Stream layout, and why:
 - EVENTS holds the request and every stage event. Retention is *limits*, not work-queue, because
@@ -187,5 +187,5 @@ def topology_stream_names(subjects: Subjects) -> list[str]:
 
 
 def msg_id(request_id: str, stage: str, kind: str) -> str:
-    """The ``Nats-Msg-Id`` of DESIGN.md: ``<request_id>:<stage>:<kind>``."""
+    """The ``Nats-Msg-Id`` of docs/design.md §5: ``<request_id>:<stage>:<kind>``."""
     return f"{request_id}:{stage}:{kind}"

@@ -48,7 +48,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY deploy/toolchain /src/deploy/toolchain
 # One pip command with torch pinned beside llamafactory and lm-eval, then the torchvision/
-# torchaudio clean-up and the torchaudio stand-in, then an offline import check (TOOLCHAIN.md).
+# torchaudio clean-up and the torchaudio stand-in, then an offline import check.
 RUN TOOLCHAIN_PYTHON=python3.11 bash /src/deploy/toolchain/install.sh /opt/toolchain \
     && rm -rf /src
 

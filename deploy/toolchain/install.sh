@@ -4,7 +4,7 @@
 #
 # Idempotent: a stamp file keyed on the hash of this script, requirements.txt, constraints.txt and
 # the interpreter version makes a second run return at once, so `make test` stays fast.
-# Facts behind each step are in TOOLCHAIN.md (measured on this project's machines):
+# Facts behind each step (measured on this project's machines; docs/dependencies.md):
 #  - pip, not uv/poetry: only pip sees the CPU torch wheel that lies on the machine's disk;
 #  - torch pinned in the same pip command as llamafactory, else pip takes torch 2.14 + CUDA wheels;
 #  - torchvision/torchaudio come along as CUDA builds that break `import transformers` next to a

@@ -1,6 +1,6 @@
 """Environment variables that ``process_data.py`` runs with.
 
-The reference's set (REFERENCE.md §1, stage 1), so that scripts written for it run unchanged:
+The reference's set (the evaluator ftbus replaces, docs/design.md §1), so that scripts written for it run unchanged:
 ``PYTHONPATH=./`` (import helper modules of the workspace), the OpenAI endpoint and key, the
 strong/weak model pools as JSON lists, and the quiet/unbuffered Python flags its Docker image
 adds. Its constants ``FT_MODEL_PATH=/assets/models`` and ``FT_DATASET_PATH=/assets/datasets`` are

@@ -1,4 +1,4 @@
-"""Delivery rules (DESIGN.md) against the real nats-server and the real services.
+"""Delivery rules (docs/design.md §5) against the real nats-server and the real services.
 
 Scaling a stage, a worker killed mid-stage, bad messages, cancel, the data cache, retries that end
 in a dead letter, exactly one verdict under duplication, and the ``ftbus`` CLI as a subprocess.
