@@ -39,7 +39,7 @@ SYSTEM_MANAGED_PARAMS: dict[str, Any] = {
 }
 DEFAULT_DATASET_DIR = "."
 DATASET_INFO = "dataset_info.json"
-#: The reference's asset root (the evaluator it replaces mounts assets at /assets), as it may appear in a candidate's config.
+#: The asset root of the evaluator ftbus replaces, as it may appear in a candidate's config.
 REFERENCE_ASSETS = PurePosixPath("/assets")
 #: LlamaFactory's training stages (``FinetuningArguments.stage``).
 STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
