@@ -15,7 +15,7 @@ from shared.client import FtbusClient
 from shared.embedded import PID_FILE, EmbeddedServer, reap_stale_server, start_time
 from shared.events import TaskSpec
 from shared.settings import Settings
-from tests.integration.conftest import wait_for_file, write_workspace
+from tests.integration.conftest import Pipeline, wait_for_file, write_workspace
 from tests.integration.test_delivery import alive, read_pids
 
 TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
@@ -151,3 +151,41 @@ def test_a_server_left_by_a_dead_owner_is_stopped_by_the_next_start(tmp_path: Pa
     finally:
         if alive(orphan):
             os.kill(orphan, signal.SIGKILL)
+
+
+def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_kill_9_of_a_worker_kills_what_it_started(
+    tmp_path: Path, settings: Settings, pipeline: Pipeline
+) -> None:
+    """A `ftbus worker train` killed with SIGKILL mid-training: its training and the training's own
+    child are gone at once (the undertaker), not only when a worker next starts on this host."""
+    from shared.events import Stage
+    from tests.integration.test_delivery import ftbus_env
+
+    await pipeline.start([Stage.data, Stage.bench, Stage.judge, Stage.aggregate])
+    assert pipeline.client is not None
+    env = {**ftbus_env(settings), "FTBUS_SANDBOX": "local"}
+    log = tmp_path / "worker.log"
+    worker = _spawn([*FTBUS, "worker", "train"], env, log)
+    pid_file = tmp_path / "trainer.pid"
+    try:
+        ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 600,
+                                                     "standin_pid_file": str(pid_file)})
+        await pipeline.client.submit(ws, TASK)
+        await wait_for_file(pid_file, 120)
+        pids = read_pids(pid_file)
+        assert pids is not None and all(alive(pid) for pid in pids)
+        undertakers = _undertakers_of(worker.pid)
+        assert len(undertakers) == 1, log.read_text()[-2000:]
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+        left = _wait_dead({"trainer": pids[0], "trainer's grandchild": pids[1], "undertaker": undertakers[0]})
+        assert not left, f"still running after kill -9 of the worker: {left}"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
