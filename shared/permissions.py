@@ -173,7 +173,7 @@ class Topology:
 
 
 # Connection names, so inbox prefixes (`_INBOX.<name>`): fixed, whatever the subject prefix.
-WAIT_TOPOLOGY = "ftbus-wait-topology"  # deploy/k8s init container (configmap.yaml, wait_topology.py)
+WAIT_TOPOLOGY = "ftbus-wait-topology"  # deploy/k8s init container (python -m ftbus.topology wait)
 CLIENT = "ftbus-client"  # the ftbus CLI and FtbusClient (settings.client_name's default)
 DASHBOARD = "dashboard"  # dashboards (FTBUS_CLIENT_NAME=dashboard)
 
@@ -270,7 +270,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
         "candidate's config and model).\n"
         "\n"
         f"`{t.inboxes(WAIT_TOPOLOGY)}` (here and for every worker user): the init container of\n"
-        "deploy/k8s (configmap.yaml, wait_topology.py) connects as the worker's user under that name.\n"
+        "deploy/k8s (python -m ftbus.topology wait) connects as the worker's user under that name.\n"
         "Its only requests are STREAM.INFO, which every user may make anyway, so sharing that inbox\n"
         "between users shows nobody anything new. Nothing else may connect under that name.",
         Rules(

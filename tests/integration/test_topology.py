@@ -55,3 +55,13 @@ async def test_only_a_missing_bucket_is_created(settings: Settings) -> None:
             assert create.await_count == 0  # a timeout is not a missing bucket
     finally:
         await bus.close()
+
+
+async def test_the_deployment_init_steps_create_then_find_the_topology(settings: Settings) -> None:
+    """What the k8s topology job and each worker's init container run (deploy/k8s/)."""
+    from ftbus import topology
+
+    assert await topology.wait(settings, attempts=1, every_s=0) is False  # nothing yet: a worker waits
+    await topology.create(settings)
+    await topology.create(settings)  # idempotent: a re-run job does no harm
+    assert await topology.wait(settings, attempts=1, every_s=0) is True
