@@ -19,6 +19,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from shared import codec
 from shared.artifacts import ArtifactStore, FilesystemArtifacts, ObjectStoreArtifacts
@@ -397,16 +398,16 @@ class Bus:
         """JetStream publish with de-duplication id, retried while the server is briefly away."""
         payload = codec.encode(event)
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        delay = 0.2
-        for attempt in range(retries):
-            try:
+        # The de-duplication id makes a retry safe: a publish that did land is not stored twice.
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)),
+            stop=stop_after_attempt(retries),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            reraise=True,
+        ):
+            with attempt:
                 return await self.js.publish(subject, payload, headers=headers, timeout=10)
-            except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError):
-                if attempt == retries - 1:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5)
-        raise AssertionError("unreachable")
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
     async def publish_core(self, subject: str, event: BaseModel) -> None:
         """Fire-and-forget publish (progress): lost if nobody listens, which is fine."""
