@@ -35,7 +35,7 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
-from shared.runner import Runner
+from shared.runner import EXIT_TIMEOUT, Runner
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.sandbox import Sandbox
 from shared.stage_runner import make_runner
@@ -179,7 +179,8 @@ async def _run_split(
     log_ref: ArtifactRef = await store.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
     outcome = run.outcome(log_ref)
     if run.timed_out:
-        return SplitRun(None, outcome, f"benchmark ({label}) timed out after {timeout:.0f} s (exit code 124)")
+        error = f"benchmark ({label}) timed out after {timeout:.0f} s (exit code {EXIT_TIMEOUT})"
+        return SplitRun(None, outcome, error)
     if run.exit_code != 0:
         return SplitRun(None, outcome, f"{name} ({label}) exited with code {run.exit_code}")
     try:

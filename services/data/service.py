@@ -36,7 +36,7 @@ from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paths import UnsafePath, regular_file_in
 from shared.quota import with_quota
-from shared.runner import Runner, RunResult
+from shared.runner import EXIT_TIMEOUT, Runner, RunResult
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.sandbox import Sandbox
 from shared.stage_runner import make_runner
@@ -108,7 +108,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     summary = DataSummary(cache_key=key, outcome=outcome, llm_usage=llm_usage)
     if run.timed_out:
         return _failed(event, ctx, FailedStage.data_processing,
-                       f"process_data.py timed out after {timeout:.0f} s (exit code 124)", summary)
+                       f"process_data.py timed out after {timeout:.0f} s (exit code {EXIT_TIMEOUT})", summary)
     if run.exit_code != 0:
         return _failed(event, ctx, FailedStage.data_processing,
                        f"process_data.py exited with code {run.exit_code}", summary)

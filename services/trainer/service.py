@@ -29,7 +29,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
 from shared.quota import with_quota
-from shared.runner import Runner
+from shared.runner import EXIT_TIMEOUT, Runner
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.sandbox import Sandbox
 from shared.stage_runner import make_runner
@@ -116,7 +116,7 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
         train_yaml=prepared.yaml_text,
     )
     if run.timed_out:
-        error: str | None = f"training timed out after {timeout:.0f} s (exit code 124)"
+        error: str | None = f"training timed out after {timeout:.0f} s (exit code {EXIT_TIMEOUT})"
     elif run.exit_code != 0:
         error = f"training exited with code {run.exit_code}"
     elif not model_files:
