@@ -30,7 +30,8 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from services.benchmark.lmeval import prepare_lm_eval_run, select_model  # noqa: E402
+from services.benchmark.lmeval import prepare_lm_eval_run  # noqa: E402
+from services.benchmark.models import select_model  # noqa: E402
 from services.benchmark.registry import load_benchmark  # noqa: E402
 from services.benchmark.splits import make_split  # noqa: E402
 from services.data.env import data_processing_env  # noqa: E402

@@ -14,15 +14,12 @@ keys, metric names and 0-1 scale). Both backends live outside the services' envi
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, Protocol, get_args, runtime_checkable
 
-from services.benchmark.lmeval import (
-    LmEvalOutputError,
-    ModelSelection,
-    parse_lm_eval_output,
-    prepare_lm_eval_run,
-)
+from services.benchmark.lmeval import LmEvalOutputError, parse_lm_eval_output, prepare_lm_eval_run
+from services.benchmark.models import ModelSelection
 from services.benchmark.opencompass import (
     OpenCompassOutputError,
     OpenCompassUnsupported,
@@ -33,28 +30,14 @@ from services.benchmark.registry import BenchmarkSpec
 from services.benchmark.splits import SplitManifest
 from shared.events import BenchmarkScores
 
-Backend = Literal["lm-eval", "opencompass"]
-BACKENDS: tuple[str, ...] = get_args(Backend)
-
-# The executable each backend runs, by name (resolved as the module docstring says).
-EXECUTABLES: dict[str, str] = {"lm-eval": "lm_eval", "opencompass": "opencompass"}
-# For log files and error messages.
-LABELS: dict[str, str] = {"lm-eval": "lm-eval", "opencompass": "OpenCompass"}
-LOG_FILES: dict[str, str] = {"lm-eval": "lm_eval.log", "opencompass": "opencompass.log"}
+BackendName = Literal["lm-eval", "opencompass"]
+BACKENDS: tuple[str, ...] = get_args(BackendName)
 
 REPO_OPENCOMPASS_BIN = Path(__file__).resolve().parents[2] / ".opencompass" / "bin"
-
-# What a run's output can fail with, whichever backend: the service reports it, never crashes.
-OUTPUT_ERRORS: tuple[type[Exception], ...] = (LmEvalOutputError, OpenCompassOutputError)
 
 
 class BackendUnavailable(RuntimeError):
     """The selected backend is not installed where the settings say; the message says how to fix it."""
-
-
-# What prepare_run can fail with before anything runs: a missing backend, a benchmark the backend
-# cannot score (OpenCompassUnsupported, e.g. acc_norm), a path lm-eval cannot carry (ValueError).
-PREPARE_ERRORS: tuple[type[Exception], ...] = (BackendUnavailable, OpenCompassUnsupported, ValueError)
 
 
 class PreparedRun(NamedTuple):
@@ -65,10 +48,85 @@ class PreparedRun(NamedTuple):
     output_dir: Path
 
 
-def _check(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown benchmark backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return backend
+@runtime_checkable
+class Backend(Protocol):
+    """One benchmark harness: writes a run's inputs, says what to run, reads its scores back.
+
+    Whichever backend did the work is invisible in ``BenchmarkScores`` (same subset keys, metric
+    names and 0-1 scale); each parses its own output format, on the scoring shared by both
+    (services/benchmark/scoring.py), and neither imports the other."""
+
+    name: str
+    label: str  # for messages
+    log_file: str
+    executable: str  # argv[0] by name
+    output_errors: tuple[type[Exception], ...]
+    prepare_errors: tuple[type[Exception], ...]
+
+    def prepare(self, spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, *, exe: str,
+                model: ModelSelection, device: str) -> PreparedRun: ...
+
+    def parse(self, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
+              max_error_samples: int, seed: int) -> BenchmarkScores: ...
+
+
+@dataclass(frozen=True)
+class LmEval:
+    name: str = "lm-eval"
+    label: str = "lm-eval"
+    log_file: str = "lm_eval.log"
+    executable: str = "lm_eval"
+    output_errors: tuple[type[Exception], ...] = (LmEvalOutputError,)
+    prepare_errors: tuple[type[Exception], ...] = (ValueError,)  # a path lm-eval's --model_args cannot carry
+
+    def prepare(self, spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, *, exe: str,
+                model: ModelSelection, device: str) -> PreparedRun:
+        run = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=exe, model=model, device=device)
+        return PreparedRun(run.argv, run.env, run.output_dir)
+
+    def parse(self, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
+              max_error_samples: int, seed: int) -> BenchmarkScores:
+        return parse_lm_eval_output(output_dir, spec, manifest, max_error_samples, seed)
+
+
+@dataclass(frozen=True)
+class OpenCompass:
+    name: str = "opencompass"
+    label: str = "OpenCompass"
+    log_file: str = "opencompass.log"
+    executable: str = "opencompass"
+    output_errors: tuple[type[Exception], ...] = (OpenCompassOutputError,)
+    prepare_errors: tuple[type[Exception], ...] = (OpenCompassUnsupported,)  # e.g. acc_norm
+
+    def prepare(self, spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, *, exe: str,
+                model: ModelSelection, device: str) -> PreparedRun:
+        run = prepare_opencompass_run(spec, manifest, run_dir, opencompass=exe, model=model, device=device)
+        return PreparedRun(run.argv, run.env, run.output_dir)
+
+    def parse(self, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
+              max_error_samples: int, seed: int) -> BenchmarkScores:
+        return parse_opencompass_output(output_dir, spec, manifest, max_error_samples, seed)
+
+
+REGISTRY: dict[str, Backend] = {backend.name: backend for backend in (LmEval(), OpenCompass())}
+
+# Derived from the backends: for log files, messages and what the service catches.
+EXECUTABLES: dict[str, str] = {name: b.executable for name, b in REGISTRY.items()}
+LABELS: dict[str, str] = {name: b.label for name, b in REGISTRY.items()}
+LOG_FILES: dict[str, str] = {name: b.log_file for name, b in REGISTRY.items()}
+# What a run's output can fail with, whichever backend: the service reports it, never crashes.
+OUTPUT_ERRORS: tuple[type[Exception], ...] = tuple(e for b in REGISTRY.values() for e in b.output_errors)
+# What prepare_run can fail with before anything runs: a missing backend, or one of a backend's own.
+PREPARE_ERRORS: tuple[type[Exception], ...] = (
+    BackendUnavailable, *(e for b in REGISTRY.values() for e in b.prepare_errors)
+)
+
+
+def backend_of(name: str) -> Backend:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown benchmark backend {name!r}; choose one of {', '.join(BACKENDS)}") from None
 
 
 def opencompass_bin(settings: Any = None) -> Path | None:
@@ -83,7 +141,7 @@ def opencompass_bin(settings: Any = None) -> Path | None:
 def resolve_executable(backend: str, settings: Any = None) -> str:
     """What argv[0] is for ``backend``. lm-eval stays a bare name (the runner's PATH has the
     toolchain); OpenCompass gets an absolute path, since its env is not on that PATH."""
-    name = EXECUTABLES[_check(backend)]
+    name = backend_of(backend).executable
     if backend == "lm-eval":
         return name
     folder = opencompass_bin(settings)
@@ -119,12 +177,9 @@ def prepare_run(
 
     ``executable`` overrides the resolved argv[0] (tests); ``settings`` supplies ``opencompass_bin``.
     """
+    harness = backend_of(backend)
     exe = str(executable) if executable is not None else resolve_executable(backend, settings)
-    if _check(backend) == "opencompass":
-        oc = prepare_opencompass_run(spec, manifest, run_dir, opencompass=exe, model=model, device=device)
-        return PreparedRun(oc.argv, oc.env, oc.output_dir)
-    lm = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=exe, model=model, device=device)
-    return PreparedRun(lm.argv, lm.env, lm.output_dir)
+    return harness.prepare(spec, manifest, run_dir, exe=exe, model=model, device=device)
 
 
 def parse_run(
@@ -136,6 +191,4 @@ def parse_run(
     seed: int = 0,
 ) -> BenchmarkScores:
     """The run's ``BenchmarkScores``; raises one of ``OUTPUT_ERRORS`` when the output is incomplete."""
-    if _check(backend) == "opencompass":
-        return parse_opencompass_output(output_dir, spec, manifest, max_error_samples, seed)
-    return parse_lm_eval_output(output_dir, spec, manifest, max_error_samples, seed)
+    return backend_of(backend).parse(output_dir, spec, manifest, max_error_samples, seed)

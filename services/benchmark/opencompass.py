@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.benchmark.lmeval import ModelSelection, has_chat_template
+from services.benchmark.models import ModelSelection, has_chat_template
 from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
 from services.benchmark.scoring import assemble_scores
 from services.benchmark.splits import SplitManifest, split_items, write_split_data

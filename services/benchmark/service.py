@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.benchmark.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPARE_ERRORS, parse_run, prepare_run
-from services.benchmark.lmeval import ModelSelection, select_model
+from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
 from shared.artifacts import ArtifactStore, materialise

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from services.benchmark import backends
-from services.benchmark.lmeval import ModelSelection, select_model
+from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
 from shared.events import BenchmarkScores

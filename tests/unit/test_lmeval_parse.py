@@ -11,16 +11,14 @@ import yaml
 
 from services.benchmark.lmeval import (
     LmEvalOutputError,
-    ModelSelection,
     build_lm_eval_command,
-    has_chat_template,
     lm_eval_env,
     parse_lm_eval_output,
     prepare_lm_eval_run,
     render_task_config,
-    select_model,
     task_name,
 )
+from services.benchmark.models import ModelSelection, has_chat_template, select_model
 from services.benchmark.registry import load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
 from shared.events import BenchmarkScores

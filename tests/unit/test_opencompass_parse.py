@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from services.benchmark import backends
-from services.benchmark.lmeval import ModelSelection, parse_lm_eval_output
+from services.benchmark.lmeval import parse_lm_eval_output
+from services.benchmark.models import ModelSelection
 from services.benchmark.opencompass import (
     MODEL_ABBR,
     PLUGIN_MODULE,
@@ -378,3 +379,17 @@ def test_parse_run_dispatches() -> None:
         backends.parse_run("opencompass", LMEVAL_MC_RUN / "output", spec, _manifest(MC_RUN))
     with pytest.raises(backends.OUTPUT_ERRORS):
         backends.parse_run("lm-eval", MC_RUN / "output", spec, _manifest(MC_RUN))
+
+
+def test_both_backends_keep_the_backend_protocol_and_neither_imports_the_other() -> None:
+    import ast
+    from pathlib import Path
+
+    for backend in backends.REGISTRY.values():
+        assert isinstance(backend, backends.Backend)
+        assert backends.LOG_FILES[backend.name] == backend.log_file
+    folder = Path(backends.__file__).parent
+    for mine, other in (("lmeval", "opencompass"), ("opencompass", "lmeval")):
+        tree = ast.parse((folder / f"{mine}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert f"services.benchmark.{other}" not in imported, f"{mine} imports {other}"
