@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from shared.bus import Bus
 from shared.logs import get_logger
+from shared.retry import retry_transient
 
 log = get_logger("ftbus.consumer")
 
@@ -36,7 +37,8 @@ async def consume(
     what: str = "",
 ) -> None:
     """Run ``concurrency`` fetch loops on ``durable`` until ``stop`` is set (or a loop fails)."""
-    await bus.ensure_consumer(stream, durable, list(filters))
+    # A cluster electing leaders answers slowly for a few seconds: no reason for a worker to exit.
+    await retry_transient(lambda: bus.ensure_consumer(stream, durable, list(filters)), durable)
     loops = [asyncio.create_task(_loop(bus, stream, durable, on_message, stop, what)) for _ in range(concurrency)]
     stopping = asyncio.create_task(stop.wait())
     try:
@@ -67,7 +69,14 @@ async def _loop(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop
                 await asyncio.sleep(1)
                 continue
             for msg in msgs:
-                await on_message(msg)
+                try:
+                    await on_message(msg)
+                except Exception:
+                    # A bus error before or after the handler (a KV read while a node fails over):
+                    # the message comes back after a pause, and the worker stays up.
+                    log.exception("message not processed, it will be redelivered", consumer=durable, stage=what)
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=2)
     finally:
         with contextlib.suppress(Exception):
             await psub.unsubscribe()
