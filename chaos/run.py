@@ -139,6 +139,22 @@ async def _explain_missing(client: FtbusClient, load: Load) -> None:
             print(f"  consumer {stage}: {exc}", flush=True)
 
 
+async def _probe_only(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="ftbus-chaos-probe-") as tmp:
+        cluster = Cluster(Path(tmp) / "nats", 3, sync_interval=args.sync_interval)
+        cluster.start()
+        try:
+            cluster.wait_ready()
+            losses = [await probe(cluster, args.probe_trials, "leader"),
+                      await probe(cluster, args.probe_trials, "all")]
+        finally:
+            cluster.stop()
+    for loss in losses:
+        print(f"node death right after an ack ({loss.mode} killed, sync_interval {args.sync_interval}): "
+              f"{loss.acked} acknowledged, {loss.lost} lost")
+    return 1 if any(loss.lost for loss in losses) else 0
+
+
 async def _connect(settings: Settings) -> FtbusClient:
     for attempt in range(30):
         try:
@@ -172,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-interval", default="always", help="JetStream sync_interval of every node")
     parser.add_argument("--probe-trials", type=int, default=None, help="node-dies-after-ack trials")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--probe-only", action="store_true",
+                        help="only the node-dies-after-ack probe (with --sync-interval to compare settings)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     parser.add_argument("--keep-logs", type=Path, default=Path(tempfile.gettempdir()),
                         help="where a failed run's worker and server logs are copied")
@@ -182,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     args.probe_trials = args.probe_trials if args.probe_trials is not None else (2 if args.smoke else 9)
     setup_logging("console", "ERROR")
     started = time.monotonic()
+    if args.probe_only:
+        return asyncio.run(_probe_only(args))
     with tempfile.TemporaryDirectory(prefix="ftbus-chaos-") as tmp:
         result, ack_losses, fault_log = asyncio.run(chaos(args, Path(tmp)))
     print(result.table())
