@@ -49,6 +49,26 @@ class FailedStage(StrEnum):
     cancelled = "cancelled"
 
 
+# The one mapping between the two vocabularies: a worker stage's name in the record, where the
+# record keeps the reference evaluator's names (docs/design.md §7), and its words in messages.
+RECORD_NAMES: dict[Stage, FailedStage] = {
+    Stage.data: FailedStage.data_processing,
+    Stage.train: FailedStage.training,
+    Stage.bench: FailedStage.benchmark,
+    Stage.judge: FailedStage.judge,
+    Stage.aggregate: FailedStage.aggregate,
+}
+STAGE_WORDS: dict[Stage, str] = {
+    Stage.data: "data processing",
+    Stage.train: "training",
+    Stage.bench: "benchmark",
+    Stage.judge: "judge",
+    Stage.aggregate: "aggregator",
+}
+#: The stages that run candidate code, by their record names: their timeouts, their logs.
+RunStage = Literal["data_processing", "training", "benchmark"]
+
+
 class ArtifactRef(Model):
     """A file in the artifact store. Events carry these, never the file itself."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import (
@@ -18,6 +18,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+if TYPE_CHECKING:
+    from shared.events import RunStage
 
 DAY = 86400.0
 
@@ -273,7 +276,7 @@ class Settings(BaseSettings):
             return self.url_file.read_text().strip() or None
         return None
 
-    def timeout_for(self, stage: str, requested: float | None) -> float:
+    def timeout_for(self, stage: RunStage, requested: float | None) -> float:
         """A request may lower a stage's timeout, never raise it."""
         base = {"data_processing": self.data_timeout_s, "training": self.train_timeout_s,
                 "benchmark": self.bench_timeout_s}[stage]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from shared.events import (
+    RECORD_NAMES,
+    STAGE_WORDS,
     FailedStage,
     JudgeResult,
     Report,
@@ -12,21 +14,13 @@ from shared.events import (
 )
 from shared.records import RequestRecord
 
-STAGE_TO_FAILED: dict[str, FailedStage] = {
-    Stage.data.value: FailedStage.data_processing,
-    Stage.train.value: FailedStage.training,
-    Stage.bench.value: FailedStage.benchmark,
-    Stage.judge.value: FailedStage.judge,
-    Stage.aggregate.value: FailedStage.aggregate,
-}
 
-STAGE_WORDS: dict[str, str] = {
-    Stage.data.value: "data processing",
-    Stage.train.value: "training",
-    Stage.bench.value: "benchmark",
-    Stage.judge.value: "judge",
-    Stage.aggregate.value: "aggregator",
-}
+def _record_name(stage: str | None, default: FailedStage) -> FailedStage:
+    return RECORD_NAMES[Stage(stage)] if stage in Stage.__members__ else default
+
+
+def _words(stage: str | None, default: str) -> str:
+    return STAGE_WORDS[Stage(stage)] if stage in Stage.__members__ else (stage or default)
 
 
 def verdict_from_judge(judge: JudgeResult) -> Verdict:
@@ -50,7 +44,7 @@ def verdict_from_judge(judge: JudgeResult) -> Verdict:
 
 def error_verdict(record: RequestRecord, stage: str | None, reason: str) -> Verdict:
     """An infrastructure failure: not the candidate's fault, and said so."""
-    words = STAGE_WORDS.get(stage or "", stage or "an unknown stage")
+    words = _words(stage, "an unknown stage")
     return Verdict(
         request_id=record.request_id,
         status="error",
@@ -59,14 +53,14 @@ def error_verdict(record: RequestRecord, stage: str | None, reason: str) -> Verd
         code="Nothing to change in the candidate for this error. Resubmit it; if the error repeats, "
         "operators should inspect the dead-letter stream (ftbus.dlq) and the worker logs for this request.",
         final_decision=False,
-        failed_stage=STAGE_TO_FAILED.get(stage or "", FailedStage.aggregate),
+        failed_stage=_record_name(stage, FailedStage.aggregate),
         result=_partial_result(record),
     )
 
 
 def cancelled_verdict(record: RequestRecord, reason: str) -> Verdict:
     stage = record.stage
-    where = f"during {STAGE_WORDS.get(stage, stage)}" if stage else "before any stage started"
+    where = f"during {_words(stage, stage or '')}" if stage else "before any stage started"
     return Verdict(
         request_id=record.request_id,
         status="cancelled",
@@ -74,7 +68,7 @@ def cancelled_verdict(record: RequestRecord, reason: str) -> Verdict:
         return_checking="No benchmark result: the request was cancelled.",
         code="The candidate was not evaluated.",
         final_decision=False,
-        failed_stage=STAGE_TO_FAILED.get(stage or "", FailedStage.cancelled),
+        failed_stage=_record_name(stage, FailedStage.cancelled),
         result=_partial_result(record),
     )
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 from services.judge.condense import CondensedLog, condense_log
 from services.judge.rules import (
@@ -25,11 +25,11 @@ from services.judge.rules import (
     outcome_of,
     rules_decision,
 )
-from shared.events import BenchResult, DataResult, FailedStage, StageOutcome
+from shared.events import BenchResult, DataResult, FailedStage, RunStage, StageOutcome
 from shared.settings import Settings
 from shared.train_yaml import TrainYamlError, load_yaml
 
-LogStage = Literal["data_processing", "training", "benchmark"]
+LogStage = RunStage  # a stage that runs candidate code, by its record name
 LOG_STAGES: tuple[LogStage, ...] = get_args(LogStage)
 #: The banners of ``raw_execution``, as the reference evaluator writes them.
 _BANNERS: dict[LogStage, str] = {
