@@ -67,9 +67,10 @@ class Result:
             ("result", "FAIL" if self.failed else "PASS"),
         ]
         width = max(len(k) for k, _ in rows)
-        line = "+" + "-" * (width + 2) + "+" + "-" * 102 + "+"
-        out = [line, f"| {'chaos check':<{width}} | {'':<100} |", line]
-        out += [f"| {k:<{width}} | {v[:100]:<100} |" for k, v in rows]
+        cols = min(max(len(v) for _, v in rows), 160)
+        line = "+" + "-" * (width + 2) + "+" + "-" * (cols + 2) + "+"
+        out = [line, f"| {'chaos check':<{width}} | {'':<{cols}} |", line]
+        out += [f"| {k:<{width}} | {v[:cols]:<{cols}} |" for k, v in rows]
         out.append(line)
         return "\n".join(out)
 
