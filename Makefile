@@ -60,7 +60,7 @@ assets: install toolchain
 	$(BIN)/ftbus assets init
 
 demo: install toolchain sandbox
-	$(BIN)/python -m shared.demo
+	$(BIN)/python -m ftbus.demo
 
 test: install toolchain sandbox-for-tests browser rdagent-env
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

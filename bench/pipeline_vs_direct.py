@@ -30,6 +30,9 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ftbus.assets import build_assets  # noqa: E402
+from ftbus.bus_client import FtbusClient  # noqa: E402
+from ftbus.embedded import EmbeddedServer  # noqa: E402
 from services.benchmark.lmeval import prepare_lm_eval_run  # noqa: E402
 from services.benchmark.models import select_model  # noqa: E402
 from services.benchmark.registry import load_benchmark  # noqa: E402
@@ -37,9 +40,6 @@ from services.benchmark.splits import make_split  # noqa: E402
 from services.data.env import data_processing_env  # noqa: E402
 from services.trainer.config import prepare_train_yaml  # noqa: E402
 from services.trainer.service import OFFLINE_ENV  # noqa: E402
-from shared.assets import build_assets  # noqa: E402
-from shared.client import FtbusClient  # noqa: E402
-from shared.embedded import EmbeddedServer  # noqa: E402
 from shared.events import TaskSpec  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
@@ -120,8 +120,8 @@ async def main() -> int:
         server = EmbeddedServer(scratch / "nats")
         url = server.start()
         settings = settings.model_copy(update={"nats_url": url})
+        from ftbus.cli import run_services
         from shared.bus import Bus
-        from shared.cli import run_services
         from shared.events import Stage
 
         bus = await Bus.connect(settings)

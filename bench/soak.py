@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from chaos.cluster import Cluster  # noqa: E402
 from chaos.load import TASK, workspace  # noqa: E402
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain  # noqa: E402
-from shared.client import FtbusClient  # noqa: E402
+from ftbus.bus_client import FtbusClient  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
+from ftbus.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
 
 
 @dataclass

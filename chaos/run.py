@@ -28,8 +28,8 @@ from chaos.cluster import Cluster
 from chaos.faults import FULL_SCHEDULE, SMOKE_SCHEDULE, Faults
 from chaos.load import Load
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain
+from ftbus.bus_client import FtbusClient
 from shared import codec
-from shared.client import FtbusClient
 from shared.events import Verdict
 from shared.logs import setup_logging
 from shared.settings import Settings

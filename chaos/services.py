@@ -80,7 +80,7 @@ class Service:
         log = self.log.open("ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", "worker", self.stage, "--concurrency", str(self.concurrency)],
+                [sys.executable, "-m", "ftbus.cli", "worker", self.stage, "--concurrency", str(self.concurrency)],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         finally:

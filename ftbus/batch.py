@@ -1,7 +1,7 @@
 """What the batch commands show: `ftbus submit` with several workspaces or a JSONL of tasks (one
 progress view for all, then a summary), `ftbus ls` (a table of requests) and `ftbus logs`.
 
-Rendering only: the commands themselves are in shared/cli.py, the calls in ftbus/client.py.
+Rendering only: the commands themselves are in ftbus/cli.py, the calls in ftbus/client.py.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from ftbus.client import EvalTask
+from ftbus.stages import LABELS
 from shared.events import Progress as ProgressEvent
 from shared.events import Verdict
 from shared.records import RequestStatusView
 
-STAGE_LABELS = {"data": "data", "train": "train", "bench": "benchmark", "judge": "judge", "aggregate": "verdict"}
+STAGE_LABELS = LABELS  # the pipeline's order and labels (ftbus/stages.py)
 
 
 class TaskFileError(ValueError):

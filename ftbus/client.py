@@ -14,7 +14,7 @@ running event loop such as Jupyter's)::
 
 Results are the bus's own pydantic models: :class:`Verdict` (what an agent may see), :class:`Report`
 (the verdict plus the hidden test split; only users granted it may read it), :class:`RequestStatusView`.
-The connection itself is ``shared.client.FtbusClient``; this class adds the task-level calls
+The connection itself is ``ftbus.bus_client.FtbusClient``; this class adds the task-level calls
 (keyword arguments instead of a ``TaskSpec``), batches, listing, logs and the blocking wrappers.
 A ``Client`` that is not connected holds only its settings, so it pickles (RD-Agent sends its
 evaluators to worker processes).
@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from nats.js.errors import NoKeysError
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.client import FtbusClient, ProgressCallback, WaitTimeout
+from ftbus.bus_client import FtbusClient, ProgressCallback, WaitTimeout
 from shared.events import Progress, Report, TaskSpec, Timeouts, Verdict
 from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
@@ -122,7 +122,7 @@ class Client:
 
     @property
     def connection(self) -> FtbusClient:
-        """The underlying ``shared.client.FtbusClient`` (for watch() and the lower-level calls)."""
+        """The underlying ``ftbus.bus_client.FtbusClient`` (for watch() and the lower-level calls)."""
         if self._conn is None:
             raise RuntimeError("the Client is not connected: use `async with Client() as client:` "
                                "(or the blocking Client().evaluate(...))")

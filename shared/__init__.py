@@ -1,1 +1,1 @@
-"""ftbus's common library: events, codec, subjects, bus runtime, artifacts, runners, settings, CLI."""
+"""What two or more services use: events, codec, subjects, bus, runtime, runners, artifacts, settings, records, logs."""

@@ -43,6 +43,7 @@ from shared.runner import (
     LineCallback,
     RunOutput,
     RunResult,
+    check_run,
 )
 from shared.sandbox import Sandbox, SandboxUnavailable, host_identity, owner_alive
 
@@ -167,27 +168,11 @@ class DockerRunner:
 
     # ------------------------------------------------------------------ one run
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: Path,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float,
-        log_path: Path,
-        on_line: LineCallback | None = None,
-        tail_chars: int = 20000,
-        sandbox: Sandbox | None = None,
-        cancel: asyncio.Event | None = None,
-        request_id: str = "",
-    ) -> RunResult:
-        if not argv:
-            raise ValueError("argv is empty: nothing to run")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        cwd = Path(cwd).absolute()
-        if not cwd.is_dir():
-            raise NotADirectoryError(f"working directory {cwd} does not exist")
+    async def run(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout_s: float,
+                  log_path: Path, on_line: LineCallback | None = None, tail_chars: int = 20000,
+                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None,
+                  request_id: str = "") -> RunResult:
+        cwd = check_run(argv, cwd, timeout_s)
         sandbox = sandbox or Sandbox()
         # The stage runtime binds the request to every log line; the container label names it too.
         request_id = request_id or str(structlog.contextvars.get_contextvars().get("request_id", ""))

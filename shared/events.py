@@ -202,12 +202,19 @@ class DataSummary(Model):
     llm_usage: LlmUsage | None = None
 
 
-class DataResult(Event):
+class StageResult(Event):
+    """What every stage that runs candidate code publishes: success or where and why it failed,
+    with the request and the data stage's summary carried along."""
+
     ok: bool
     context: RequestContext
     data: DataSummary
     failed_stage: FailedStage | None = None
     error: str | None = None
+
+
+class DataResult(StageResult):
+    pass
 
 
 # ---------------------------------------------------------------- training
@@ -254,13 +261,8 @@ class TrainSummary(Model):
     train_yaml: str = ""
 
 
-class TrainResult(Event):
-    ok: bool
-    context: RequestContext
-    data: DataSummary
+class TrainResult(StageResult):
     train: TrainSummary
-    failed_stage: FailedStage | None = None
-    error: str | None = None
 
 
 # ---------------------------------------------------------------- benchmark
@@ -291,17 +293,12 @@ class BaselineComparison(Model):
     difference: float | None = None
 
 
-class BenchResult(Event):
-    ok: bool
+class BenchResult(StageResult):
     split: Literal["validation", "test"]
-    context: RequestContext
-    data: DataSummary
     train: TrainSummary
     benchmark: BenchmarkScores | None = None
     baseline: BaselineComparison | None = None
     outcome: StageOutcome | None = None
-    failed_stage: FailedStage | None = None
-    error: str | None = None
 
 
 # ---------------------------------------------------------------- judge and verdict

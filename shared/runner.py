@@ -71,24 +71,29 @@ class RunResult(BaseModel):
         )
 
 
+def check_run(argv: Sequence[str], cwd: Path, timeout_s: float) -> Path:
+    """What every runner checks before it starts anything; returns ``cwd`` as an absolute path.
+
+    These are our own errors, not the candidate's (the stage prepares the folder): they raise, so
+    the message is retried."""
+    if not argv:
+        raise ValueError("argv is empty: nothing to run")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    cwd = Path(cwd).absolute()
+    if not cwd.is_dir():
+        raise NotADirectoryError(f"working directory {cwd} does not exist")
+    return cwd
+
+
 @runtime_checkable
 class Runner(Protocol):
     #: ``local``, or ``docker:<image>``: recorded in every outcome (and so in the verdict).
     name: str
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: Path,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float,
-        log_path: Path,
-        on_line: LineCallback | None = None,
-        tail_chars: int = 20000,
-        sandbox: Sandbox | None = None,
-        cancel: asyncio.Event | None = None,
-    ) -> RunResult: ...
+    async def run(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout_s: float,
+                  log_path: Path, on_line: LineCallback | None = None, tail_chars: int = 20000,
+                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None) -> RunResult: ...
 
 
 # ---------------------------------------------------------------------------- process trees
@@ -250,19 +255,9 @@ class LocalRunner:
         result[OWNER_ENV] = f"{os.getpid()}:{_start_time(os.getpid())}"
         return result
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: Path,
-        env: Mapping[str, str] | None = None,
-        timeout_s: float,
-        log_path: Path,
-        on_line: LineCallback | None = None,
-        tail_chars: int = 20000,
-        sandbox: Sandbox | None = None,
-        cancel: asyncio.Event | None = None,
-    ) -> RunResult:
+    async def run(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout_s: float,
+                  log_path: Path, on_line: LineCallback | None = None, tail_chars: int = 20000,
+                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None) -> RunResult:
         """Run ``argv`` and report how it ended.
 
         ``sandbox`` is accepted and not enforced: this runner isolates nothing (docs/sandbox.md).
@@ -271,14 +266,7 @@ class LocalRunner:
         ``cancelled=True`` (exit code 130): for a user's cancel request, which is a result to
         publish, unlike cancellation of the awaiting task, which kills the tree and re-raises.
         """
-        if not argv:
-            raise ValueError("argv is empty: nothing to run")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        cwd = Path(cwd)
-        if not cwd.is_dir():
-            # Ours, not the candidate's: the stage prepares the folder. Raise so it is retried.
-            raise NotADirectoryError(f"working directory {cwd} does not exist")
+        cwd = check_run(argv, cwd, timeout_s)
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         child_env = self.child_env(env)

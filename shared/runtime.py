@@ -246,7 +246,7 @@ class StageWorker:
         runner: Runner | None = None,
         stream: str | None = None,
         durable: str | None = None,
-        filters: Sequence[str] | None = None,
+        filters: Sequence[str],
         policies: Sequence[Policy] | None = None,
         dead_letter: DeadLetterRule = always_dead_letter,
     ) -> None:
@@ -262,7 +262,7 @@ class StageWorker:
         )
         self.stream = stream or bus.subjects.stream_events
         self.durable = durable or bus.subjects.durable(stage)
-        self.filters = list(filters or bus.subjects.stage_filters(stage))
+        self.filters = list(filters)
         self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
         self.dead_letter = dead_letter
         self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}

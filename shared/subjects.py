@@ -120,18 +120,6 @@ class Subjects:
     def durable(self, stage: Stage) -> str:
         return f"{self.prefix}-{stage.value}"
 
-    def stage_filters(self, stage: Stage) -> list[str]:
-        """Which subjects each stage's durable consumer reads."""
-        if stage is Stage.data:
-            return [self.eval_requested]
-        if stage is Stage.train:
-            return [self.data_completed]
-        if stage is Stage.bench:
-            return [self.train_completed]
-        if stage is Stage.judge:
-            return [self.bench_completed, self.data_failed, self.train_failed, self.bench_failed]
-        return self.event_stream_subjects()
-
     # ----------------------------------------------------------- buckets
 
     @property

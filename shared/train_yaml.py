@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from shared.errors import ExplainedError
+
 # OmegaConf's float pattern: YAML 1.2 style, so ``1e-4`` and ``5e-5`` are floats (YAML 1.1 says str).
 _FLOAT = re.compile(
     r"""^(?:
@@ -32,12 +34,8 @@ _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-class TrainYamlError(ValueError):
+class TrainYamlError(ExplainedError, ValueError):
     """The text cannot be read as a config; ``message`` says why and what to change."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class TrainYamlLoader(yaml.SafeLoader):

@@ -13,7 +13,7 @@ import pytest
 # with the real toolchain set sandbox="docker" themselves.
 os.environ.setdefault("FTBUS_SANDBOX", "local")
 
-from shared.embedded import EmbeddedServer
+from ftbus.embedded import EmbeddedServer
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -48,7 +48,7 @@ from shared.events import (
 )
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord, StageTiming
-from shared.runtime import Outgoing, StageContext, StageWorker, never_dead_letter
+from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
 
 log = get_logger("ftbus.aggregator")
 
@@ -63,11 +63,17 @@ RESULT_STAGE: dict[type, Stage] = {
 }
 
 
+#: What the aggregator's event consumer accepts: the request, cancels and every stage's result.
+ACCEPTS = (EvalRequested, CancelRequested, DataResult, TrainResult, BenchResult, JudgeResult)
+
+
 class Aggregator:
-    def __init__(self, bus: Bus, *, concurrency: int = 1) -> None:
+    def __init__(self, bus: Bus, *, concurrency: int = 1, stage_reads: Mapping[Stage, list[str]] | None = None) -> None:
         self.bus = bus
         self.s = bus.subjects
         self.concurrency = concurrency
+        #: The subjects each stage's consumer reads (from the pipeline's specs).
+        self.stage_reads = dict(stage_reads or {})
         self._kv: KeyValue | None = None
         self._last_progress_write: dict[str, float] = {}
 
@@ -79,41 +85,23 @@ class Aggregator:
     # ------------------------------------------------------------------ running
 
     async def run(self, stop: asyncio.Event) -> None:
-        events = StageWorker(
-            self.bus,
-            Stage.aggregate,
-            self.on_event,
-            (EvalRequested, CancelRequested, DataResult, TrainResult, BenchResult, JudgeResult),
-            concurrency=self.concurrency,
-            policies=(),  # it must see cancelled requests; it stores and announces nothing
-            dead_letter=self._dead_letters_here,
-        )
-        tests = StageWorker(
-            self.bus,
-            Stage.aggregate,
-            self.on_event,
-            (BenchResult,),
-            stream=self.s.stream_test,
-            durable=f"{self.s.durable(Stage.aggregate)}-test",
-            filters=[self.s.bench_test],
-            policies=(),
-        )
-        dead = StageWorker(
-            self.bus,
-            Stage.aggregate,
-            self.on_event,
-            (DeadLetter,),
-            stream=self.s.stream_dlq,
-            durable=f"{self.s.durable(Stage.aggregate)}-dlq",
-            filters=[self.s.dlq],
-            policies=(),
-            dead_letter=never_dead_letter,
-        )
+        s = self.s
+        durable = s.durable(Stage.aggregate)
+        # Three consumers, one handler, no stage policies: the aggregator must see cancelled
+        # requests, and it stores and announces nothing. (stream, durable, filters, accepts, rule)
+        consumers = [
+            (s.stream_events, durable, s.event_stream_subjects(), ACCEPTS, self._dead_letters_here),
+            (s.stream_test, f"{durable}-test", [s.bench_test], (BenchResult,), always_dead_letter),
+            (s.stream_dlq, f"{durable}-dlq", [s.dlq], (DeadLetter,), never_dead_letter),
+        ]
+        workers = [
+            StageWorker(self.bus, Stage.aggregate, self.on_event, accepts, concurrency=self.concurrency,
+                        stream=stream, durable=name, filters=filters, policies=(), dead_letter=rule)
+            for stream, name, filters, accepts, rule in consumers
+        ]
         progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
         tasks = [
-            asyncio.create_task(events.run(stop)),
-            asyncio.create_task(tests.run(stop)),
-            asyncio.create_task(dead.run(stop)),
+            *(asyncio.create_task(worker.run(stop)) for worker in workers),
             asyncio.create_task(self._advisories(stop)),
             asyncio.create_task(self._sweeper(stop)),
         ]
@@ -134,8 +122,7 @@ class Aggregator:
         the error verdict. The aggregator dead-letters only what it alone reads (judge results,
         cancels, subjects nobody consumes).
         """
-        stages = (Stage.data, Stage.train, Stage.bench, Stage.judge)
-        reader = next((stage for stage in stages if subject in self.s.stage_filters(stage)), None)
+        reader = next((stage for stage, subjects in self.stage_reads.items() if subject in subjects), None)
         return None if reader is None else f"the {reader.value} stage dead-letters it"
 
     # ------------------------------------------------------------------ events

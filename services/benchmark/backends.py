@@ -14,9 +14,10 @@ keys, metric names and 0-1 scale). Both backends live outside the services' envi
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol, get_args, runtime_checkable
+from typing import Any, Literal, NamedTuple, get_args
 
 from services.benchmark.lmeval import LmEvalOutputError, parse_lm_eval_output, prepare_lm_eval_run
 from services.benchmark.models import ModelSelection
@@ -48,67 +49,58 @@ class PreparedRun(NamedTuple):
     output_dir: Path
 
 
-@runtime_checkable
-class Backend(Protocol):
+#: The scores of a finished run: ``parse(output_dir, spec, manifest, max_error_samples, seed)``.
+Parse = Callable[[Path, BenchmarkSpec, SplitManifest, int, int], BenchmarkScores]
+#: Write a run's inputs and say what to run: ``prepare(spec, manifest, run_dir, exe, model, device)``.
+Prepare = Callable[[BenchmarkSpec, SplitManifest, Path, str, ModelSelection, str], PreparedRun]
+
+
+@dataclass(frozen=True)
+class Backend:
     """One benchmark harness: writes a run's inputs, says what to run, reads its scores back.
 
     Whichever backend did the work is invisible in ``BenchmarkScores`` (same subset keys, metric
-    names and 0-1 scale); each parses its own output format, on the scoring shared by both
+    names and 0-1 scale); each parses its own output format, on the scoring both share
     (services/benchmark/scoring.py), and neither imports the other."""
 
     name: str
     label: str  # for messages
     log_file: str
     executable: str  # argv[0] by name
+    prepare: Prepare
+    parse: Parse
+    #: What a run's output can fail with (the service reports it, never crashes).
     output_errors: tuple[type[Exception], ...]
+    #: What preparing can fail with before anything runs.
     prepare_errors: tuple[type[Exception], ...]
 
-    def prepare(self, spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, *, exe: str,
-                model: ModelSelection, device: str) -> PreparedRun: ...
 
-    def parse(self, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
-              max_error_samples: int, seed: int) -> BenchmarkScores: ...
-
-
-@dataclass(frozen=True)
-class LmEval:
-    name: str = "lm-eval"
-    label: str = "lm-eval"
-    log_file: str = "lm_eval.log"
-    executable: str = "lm_eval"
-    output_errors: tuple[type[Exception], ...] = (LmEvalOutputError,)
-    prepare_errors: tuple[type[Exception], ...] = (ValueError,)  # a path lm-eval's --model_args cannot carry
-
-    def prepare(self, spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, *, exe: str,
-                model: ModelSelection, device: str) -> PreparedRun:
-        run = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=exe, model=model, device=device)
-        return PreparedRun(run.argv, run.env, run.output_dir)
-
-    def parse(self, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
-              max_error_samples: int, seed: int) -> BenchmarkScores:
-        return parse_lm_eval_output(output_dir, spec, manifest, max_error_samples, seed)
+def _prepare_lm_eval(spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, exe: str,
+                     model: ModelSelection, device: str) -> PreparedRun:
+    run = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=exe, model=model, device=device)
+    return PreparedRun(run.argv, run.env, run.output_dir)
 
 
-@dataclass(frozen=True)
-class OpenCompass:
-    name: str = "opencompass"
-    label: str = "OpenCompass"
-    log_file: str = "opencompass.log"
-    executable: str = "opencompass"
-    output_errors: tuple[type[Exception], ...] = (OpenCompassOutputError,)
-    prepare_errors: tuple[type[Exception], ...] = (OpenCompassUnsupported,)  # e.g. acc_norm
-
-    def prepare(self, spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, *, exe: str,
-                model: ModelSelection, device: str) -> PreparedRun:
-        run = prepare_opencompass_run(spec, manifest, run_dir, opencompass=exe, model=model, device=device)
-        return PreparedRun(run.argv, run.env, run.output_dir)
-
-    def parse(self, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
-              max_error_samples: int, seed: int) -> BenchmarkScores:
-        return parse_opencompass_output(output_dir, spec, manifest, max_error_samples, seed)
+def _prepare_opencompass(spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, exe: str,
+                         model: ModelSelection, device: str) -> PreparedRun:
+    run = prepare_opencompass_run(spec, manifest, run_dir, opencompass=exe, model=model, device=device)
+    return PreparedRun(run.argv, run.env, run.output_dir)
 
 
-REGISTRY: dict[str, Backend] = {backend.name: backend for backend in (LmEval(), OpenCompass())}
+LM_EVAL = Backend(
+    name="lm-eval", label="lm-eval", log_file="lm_eval.log", executable="lm_eval",
+    prepare=_prepare_lm_eval, parse=parse_lm_eval_output,
+    output_errors=(LmEvalOutputError,),
+    prepare_errors=(ValueError,),  # a path lm-eval's --model_args cannot carry
+)
+OPENCOMPASS = Backend(
+    name="opencompass", label="OpenCompass", log_file="opencompass.log", executable="opencompass",
+    prepare=_prepare_opencompass, parse=parse_opencompass_output,
+    output_errors=(OpenCompassOutputError,),
+    prepare_errors=(OpenCompassUnsupported,),  # e.g. acc_norm
+)
+
+REGISTRY: dict[str, Backend] = {backend.name: backend for backend in (LM_EVAL, OPENCOMPASS)}
 
 # Derived from the backends: for log files, messages and what the service catches.
 EXECUTABLES: dict[str, str] = {name: b.executable for name, b in REGISTRY.items()}
@@ -179,16 +171,10 @@ def prepare_run(
     """
     harness = backend_of(backend)
     exe = str(executable) if executable is not None else resolve_executable(backend, settings)
-    return harness.prepare(spec, manifest, run_dir, exe=exe, model=model, device=device)
+    return harness.prepare(spec, manifest, run_dir, exe, model, device)
 
 
-def parse_run(
-    backend: str,
-    output_dir: Path,
-    spec: BenchmarkSpec,
-    manifest: SplitManifest,
-    max_error_samples: int = 10,
-    seed: int = 0,
-) -> BenchmarkScores:
+def parse_run(backend: str, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
+              max_error_samples: int = 10, seed: int = 0) -> BenchmarkScores:
     """The run's ``BenchmarkScores``; raises one of ``OUTPUT_ERRORS`` when the output is incomplete."""
     return backend_of(backend).parse(output_dir, spec, manifest, max_error_samples, seed)

@@ -23,7 +23,7 @@ import yaml
 
 from services.benchmark.models import ModelSelection, has_chat_template
 from services.benchmark.registry import BenchmarkSpec
-from services.benchmark.scoring import assemble_scores
+from services.benchmark.scoring import assemble_scores, evaluated_subsets
 from services.benchmark.splits import SplitManifest, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 from shared.offline import OFFLINE_ENV
@@ -299,10 +299,7 @@ def parse_lm_eval_output(
 
     summary: dict[str, dict[str, float]] = {}
     errors: list[ErrorSample] = []
-    for subset in spec.subsets:
-        ids = manifest.item_ids.get(subset.name, [])
-        if not ids:
-            continue  # too few items for this split: nothing was evaluated
+    for subset, ids in evaluated_subsets(spec, manifest):
         task = task_name(spec.name, subset.name)
         if task not in results:
             raise LmEvalOutputError(f"{results_file.name} has no results for task {task} (subset {subset.name})")

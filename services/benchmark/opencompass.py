@@ -30,7 +30,7 @@ from typing import Any
 
 from services.benchmark.models import ModelSelection, has_chat_template
 from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
-from services.benchmark.scoring import assemble_scores
+from services.benchmark.scoring import assemble_scores, evaluated_subsets
 from services.benchmark.splits import SplitManifest, split_items, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 from shared.offline import OFFLINE_ENV
@@ -464,13 +464,8 @@ def _to_unit_scale(value: float) -> float:
     return value / 100.0
 
 
-def parse_opencompass_output(
-    output_dir: Path,
-    spec: BenchmarkSpec,
-    manifest: SplitManifest,
-    max_error_samples: int = 10,
-    seed: int = 0,
-) -> BenchmarkScores:
+def parse_opencompass_output(output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,
+                             max_error_samples: int = 10, seed: int = 0) -> BenchmarkScores:
     """Turn one OpenCompass run into ``BenchmarkScores``, keyed like the lm-eval backend's.
 
     The newest ``<ts>/summary/*.csv`` says which subsets scored what (score column: the first not
@@ -484,10 +479,7 @@ def parse_opencompass_output(
 
     summary: dict[str, dict[str, float]] = {}
     errors: list[ErrorSample] = []
-    for subset in spec.subsets:
-        ids = manifest.item_ids.get(subset.name, [])
-        if not ids:
-            continue  # too few items for this split: nothing was evaluated
+    for subset, ids in evaluated_subsets(spec, manifest):
         abbr = dataset_abbr(spec, subset.name)
         if abbr not in table:
             raise OpenCompassOutputError(f"{run.name}: the summary has no scores for {abbr} (subset {subset.name})")

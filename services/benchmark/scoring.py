@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
-from services.benchmark.registry import BenchmarkSpec
+from services.benchmark.registry import BenchmarkSpec, SubsetSpec
 from services.benchmark.splits import SplitManifest
 from shared.events import BenchmarkScores, ErrorSample
+
+
+def evaluated_subsets(spec: BenchmarkSpec, manifest: SplitManifest) -> Iterator[tuple[SubsetSpec, list[str]]]:
+    """The subsets this split evaluated, with their item ids (a subset too small for it has none)."""
+    for subset in spec.subsets:
+        ids = manifest.item_ids.get(subset.name, [])
+        if ids:
+            yield subset, ids
 
 
 def assemble_scores(

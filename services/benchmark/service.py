@@ -22,7 +22,6 @@ from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
 from shared.artifacts import ArtifactStore, materialise
-from shared.bus import Bus
 from shared.events import (
     ArtifactRef,
     BaselineComparison,
@@ -35,10 +34,10 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
-from shared.runner import EXIT_TIMEOUT, Runner
-from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.runner import EXIT_TIMEOUT
+from shared.runtime import Outgoing, StageContext
 from shared.sandbox import Sandbox
-from shared.stage_runner import make_runner
+from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.benchmark")
 
@@ -266,6 +265,13 @@ def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None
     )
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, runner: Runner | None = None) -> None:
-    runner = runner or make_runner(bus.settings, Stage.bench.value)
-    await StageWorker(bus, Stage.bench, handle, (TrainResult,), concurrency=concurrency, runner=runner).run(stop)
+SPEC = StageSpec(
+    stage=Stage.bench,
+    label="benchmark",
+    consumes=lambda s: [s.train_completed],
+    accepts=(TrainResult,),
+    # The test split goes to its own stream, which only the aggregator reads.
+    emits=lambda s: [s.bench_completed, s.bench_failed, s.bench_test],
+    handler=handle,
+    sandboxed=True,
+)

@@ -21,7 +21,6 @@ from services.data.precheck import precheck
 from services.data.stats import compute_data_stats
 from services.data.validate import DataInvalid, load_data_json
 from shared.artifacts import ArtifactStore, materialise
-from shared.bus import Bus
 from shared.events import (
     ArtifactRef,
     DataResult,
@@ -35,11 +34,10 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paths import UnsafePath, regular_file_in
-from shared.quota import with_quota
-from shared.runner import EXIT_TIMEOUT, Runner, RunResult
-from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.runner import EXIT_TIMEOUT, RunResult
+from shared.runtime import Outgoing, StageContext
 from shared.sandbox import Sandbox
-from shared.stage_runner import make_runner
+from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.data")
 
@@ -63,8 +61,6 @@ def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: 
 
 async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     settings = ctx.settings
-    ctx.runner = with_quota(ctx.runner, max_bytes=settings.data_disk_quota_bytes,  # shared/quota.py
-                            max_files=settings.run_max_files, poll_s=settings.quota_poll_s)
     context = event.context
     assets: Path = settings.assets
 
@@ -206,6 +202,7 @@ def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
     return candidate if candidate is not None and candidate.is_file() else None
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, runner: Runner | None = None) -> None:
-    runner = runner or make_runner(bus.settings, Stage.data.value)
-    await StageWorker(bus, Stage.data, handle, (EvalRequested,), concurrency=concurrency, runner=runner).run(stop)
+SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
+                 consumes=lambda s: [s.eval_requested], accepts=(EvalRequested,),
+                 emits=lambda s: [s.data_completed, s.data_failed],
+                 disk_quota=lambda settings: settings.data_disk_quota_bytes)

@@ -1,3 +1,4 @@
+
 """Checks on ``data.json``, the file ``process_data.py`` must write into the workspace root.
 
 LlamaFactory reads it (through ``dataset_info.json``) as a list of records, e.g. Alpaca
@@ -12,16 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from shared.errors import ExplainedError
+
 #: How many offending element indexes a message lists before it just counts them.
 _MAX_LISTED = 5
 
 
-class DataInvalid(Exception):
+class DataInvalid(ExplainedError):
     """data.json is missing or not a non-empty JSON list of objects. ``message`` is user-facing."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def _json_type(value: Any) -> str:

@@ -26,6 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_base
 
 from services.judge.prompts import JudgeTemplates, render_retry_note, templates_for
+from shared.errors import ExplainedError
 from shared.logs import get_logger
 from shared.settings import Settings
 
@@ -36,12 +37,12 @@ _RETRYABLE_STATUS = {408, 409, 429}
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 
 
-class LlmJudgeUnavailable(Exception):
+class LlmJudgeUnavailable(ExplainedError):
     """No valid answer could be had; ``reason`` says why, for JudgeInfo.reason."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    @property
+    def reason(self) -> str:
+        return self.message
 
 
 class LlmAnswer(BaseModel):

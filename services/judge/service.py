@@ -8,15 +8,13 @@ carries one, and NATS permissions can deny it the test stream.
 
 from __future__ import annotations
 
-import asyncio
-
 from services.judge.decide import judge
 from services.judge.facts import LogStage, stage_runs
 from shared.artifacts import ArtifactError
-from shared.bus import Bus
 from shared.events import ArtifactRef, BenchResult, DataResult, Stage, TrainResult
 from shared.logs import get_logger
-from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.runtime import Outgoing, StageContext
+from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.judge")
 
@@ -76,7 +74,12 @@ async def _log_text(ref: ArtifactRef, ctx: StageContext) -> str | None:
     return data[-MAX_LOG_BYTES:].decode(errors="replace")
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1) -> None:
-    await StageWorker(
-        bus, Stage.judge, handle, (DataResult, TrainResult, BenchResult), concurrency=concurrency
-    ).run(stop)
+SPEC = StageSpec(
+    stage=Stage.judge,
+    label="judge",
+    # The validation result, or the failure of any stage before it: never the test split.
+    consumes=lambda s: [s.bench_completed, s.data_failed, s.train_failed, s.bench_failed],
+    accepts=(DataResult, TrainResult, BenchResult),
+    emits=lambda s: [s.judge_completed],
+    handler=handle,
+)

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.errors import ExplainedError
 from shared.train_yaml import TrainYamlError, dump_yaml, load_yaml
 
 #: Values the evaluator owns; a candidate's own value for these is replaced.
@@ -46,12 +47,8 @@ STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
 _MAX_LISTED = 30
 
 
-class TrainConfigError(Exception):
+class TrainConfigError(ExplainedError):
     """train.yaml cannot be used; ``message`` says what to change."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class PreparedTrainConfig(BaseModel):

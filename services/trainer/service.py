@@ -16,7 +16,6 @@ from services.trainer.config import TrainConfigError, prepare_train_yaml
 from services.trainer.outputs import extract_loss_history, find_model_files, output_files_to_keep
 from services.trainer.progress import TrainerLogFollower
 from shared.artifacts import materialise
-from shared.bus import Bus
 from shared.events import (
     DataResult,
     FailedStage,
@@ -28,11 +27,10 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
-from shared.quota import with_quota
-from shared.runner import EXIT_TIMEOUT, Runner
-from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.runner import EXIT_TIMEOUT
+from shared.runtime import Outgoing, StageContext
 from shared.sandbox import Sandbox
-from shared.stage_runner import make_runner
+from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.trainer")
 
@@ -59,8 +57,6 @@ def _result(event: DataResult, ctx: StageContext, train: TrainSummary, error: st
 
 async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     settings = ctx.settings
-    ctx.runner = with_quota(ctx.runner, max_bytes=settings.train_disk_quota_bytes,  # shared/quota.py
-                            max_files=settings.run_max_files, poll_s=settings.quota_poll_s)
     rid = event.request_id
     workspace = ctx.workdir / "workspace"
     await materialise(ctx.artifacts, event.context.workspace, workspace)
@@ -142,6 +138,7 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
     return uploaded
 
 
-async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, runner: Runner | None = None) -> None:
-    runner = runner or make_runner(bus.settings, Stage.train.value)
-    await StageWorker(bus, Stage.train, handle, (DataResult,), concurrency=concurrency, runner=runner).run(stop)
+SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
+                 consumes=lambda s: [s.data_completed], accepts=(DataResult,),
+                 emits=lambda s: [s.train_completed, s.train_failed],
+                 disk_quota=lambda settings: settings.train_disk_quota_bytes)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.assets import build_assets
+from ftbus.assets import build_assets
 from shared.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.embedded import EmbeddedServer
+from ftbus.embedded import EmbeddedServer
 from shared.events import Progress, Report, TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from ftbus.bus_client import FtbusClient
+from ftbus.embedded import EmbeddedServer
 from shared.bus import Bus
-from shared.client import FtbusClient
-from shared.embedded import EmbeddedServer
 from shared.events import Stage
 from shared.settings import Settings
 
@@ -77,7 +77,7 @@ class Pipeline:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, stages: list[Stage] | None = None, concurrency: int = 1) -> None:
-        from shared.cli import run_services
+        from ftbus.cli import run_services
 
         if self.bus is None:
             self.bus = await Bus.connect(self.settings)

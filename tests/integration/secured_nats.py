@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
+from ftbus.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
 
 REPO = Path(__file__).resolve().parents[2]
 NATS_DIR = REPO / "deploy" / "nats"

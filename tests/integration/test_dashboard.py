@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from shared.embedded import EmbeddedServer, free_port
+from ftbus.embedded import EmbeddedServer, free_port
 from shared.events import Report, Stage, TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, write_workspace
 
 REPO = Path(__file__).resolve().parents[2]
-FTBUS = [sys.executable, "-m", "shared.cli"]
+FTBUS = [sys.executable, "-m", "ftbus.cli"]
 TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="double numbers")
 CHROMIUM = os.environ.get("FTBUS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",

@@ -220,7 +220,10 @@ async def test_two_train_workers_share_ten_requests(pipeline: Pipeline, settings
     stop = asyncio.Event()
     buses = [await Bus.connect(settings, name=f"train-{i}") for i in range(2)]
     workers = [
-        asyncio.create_task(StageWorker(bus, Stage.train, handler_of(i), (DataResult,)).run(stop))
+        asyncio.create_task(
+            StageWorker(bus, Stage.train, handler_of(i), (DataResult,), filters=trainer.SPEC.consumes(bus.subjects))
+            .run(stop)
+        )
         for i, bus in enumerate(buses)
     ]
     try:

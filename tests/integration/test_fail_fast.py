@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.client import FtbusClient
+from ftbus.bus_client import FtbusClient
 from shared.events import Stage, TaskSpec
 from shared.settings import Settings
 from shared.taskcheck import UnknownAsset

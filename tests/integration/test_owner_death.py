@@ -11,15 +11,15 @@ import sys
 import time
 from pathlib import Path
 
-from shared.client import FtbusClient
-from shared.embedded import PID_FILE, EmbeddedServer, reap_stale_server, start_time
+from ftbus.bus_client import FtbusClient
+from ftbus.embedded import PID_FILE, EmbeddedServer, reap_stale_server, start_time
 from shared.events import TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, wait_for_file, write_workspace
 from tests.integration.test_delivery import alive, read_pids
 
 TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
-FTBUS = [sys.executable, "-m", "shared.cli"]
+FTBUS = [sys.executable, "-m", "ftbus.cli"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -59,7 +59,7 @@ def _undertakers_of(owner: int) -> list[int]:
                 cmd = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"shared.undertaker" in cmd and str(owner).encode() in cmd and alive(int(entry.name)):
+            if b"ftbus.undertaker" in cmd and str(owner).encode() in cmd and alive(int(entry.name)):
                 found.append(int(entry.name))
     return found
 
@@ -128,7 +128,7 @@ def test_a_server_left_by_a_dead_owner_is_stopped_by_the_next_start(tmp_path: Pa
     started from a thread) holds the store; the next start on that store stops it first."""
     store = tmp_path / "store"
     code = (
-        "import sys, threading; from pathlib import Path; from shared.embedded import EmbeddedServer\n"
+        "import sys, threading; from pathlib import Path; from ftbus.embedded import EmbeddedServer\n"
         "s = EmbeddedServer(Path(sys.argv[1]))\n"
         # Started from a thread, PR_SET_PDEATHSIG is not set: the server outlives this process.
         "t = threading.Thread(target=s.start); t.start(); t.join(); print(s.process.pid, flush=True)\n"

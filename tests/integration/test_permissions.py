@@ -25,9 +25,9 @@ from pathlib import Path
 import nats
 import pytest
 
+from ftbus.bus_client import FtbusClient, WaitTimeout
+from ftbus.cli import run_services
 from shared.bus import Bus, PermissionDenied
-from shared.cli import run_services
-from shared.client import FtbusClient, WaitTimeout
 from shared.events import Report, TaskSpec, Verdict
 from shared.settings import Settings
 from tests.integration.conftest import write_workspace
@@ -252,7 +252,7 @@ async def test_the_system_user_sees_nothing_of_the_ftbus_account(seeded: Setting
 def _cli(*args: str, url: str, home: Path, client_name: str = "ftbus-client") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "FTBUS_NATS_URL": url, "FTBUS_HOME": str(home), "FTBUS_SUBJECT_PREFIX": "ftbus",
            "FTBUS_CLIENT_NAME": client_name, "FTBUS_LOG_LEVEL": "WARNING"}
-    return subprocess.run([sys.executable, "-m", "shared.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ftbus.cli", *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=60)
 
 

@@ -2,7 +2,7 @@
 the permission table (permission_table.py, run live by test_permissions.py) must name the same
 things.
 
-- accounts.conf is exactly what shared/permissions.py generates from the code's names;
+- accounts.conf is exactly what ftbus/permissions.py generates from the code's names;
 - every subject, stream, KV bucket, Object Store and durable consumer of the code has a rule in
   accounts.conf, and a row in the permission table (so each user's access to it is asserted live);
 - every stream, bucket, store and consumer that accounts.conf names exists in the code (a rename
@@ -19,9 +19,9 @@ import subprocess
 
 import pytest
 
-from shared.embedded import nats_server_binary
+from ftbus.embedded import nats_server_binary
+from ftbus.permissions import render
 from shared.events import Stage
-from shared.permissions import render
 from shared.settings import Settings
 from shared.subjects import Subjects, topology_stream_names
 from tests.integration.permission_table import CONNECTION_NAMES, TABLE, markdown_table
@@ -146,8 +146,8 @@ def test_docs_show_the_current_permission_table() -> None:
 
 def test_accounts_conf_is_generated_from_the_code() -> None:
     assert ACCOUNTS_CONF.read_text() == render(S), (
-        f"{ACCOUNTS_CONF.relative_to(REPO)} differs from what shared/permissions.py generates: edit the rules "
-        "there and run `.venv/bin/python -m shared.permissions --write` (see `--check` for the diff)"
+        f"{ACCOUNTS_CONF.relative_to(REPO)} differs from what ftbus/permissions.py generates: edit the rules "
+        "there and run `.venv/bin/python -m ftbus.permissions --write` (see `--check` for the diff)"
     )
 
 

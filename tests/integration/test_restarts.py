@@ -12,13 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from shared.embedded import EmbeddedServer, free_port
+from ftbus.embedded import EmbeddedServer, free_port
 from shared.events import TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, wait_for_file, write_workspace
 
 TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
-FTBUS = [sys.executable, "-m", "shared.cli"]
+FTBUS = [sys.executable, "-m", "ftbus.cli"]
 REPO = Path(__file__).resolve().parents[2]
 
 

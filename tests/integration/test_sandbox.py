@@ -19,8 +19,8 @@ from pathlib import Path
 import docker
 import pytest
 
+from ftbus.embedded import EmbeddedServer
 from shared.docker_runner import LABEL_OWNER, DockerRunner, engine_client, reap_containers
-from shared.embedded import EmbeddedServer
 from shared.events import Stage, TaskSpec, Verdict
 from shared.logs import bound
 from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from ftbus.progress_view import ProgressView
+from ftbus.verdict_view import render_verdict
 from shared.events import BaselineComparison, BenchmarkScores, Progress, Stage, Verdict, VerdictResult
-from shared.progress_view import ProgressView
-from shared.verdict_view import render_verdict
 
 
 def test_progress_view_shows_step_loss_and_eta() -> None:

@@ -1,7 +1,7 @@
 """Build the offline assets (tiny model, raw dataset, benchmarks) with the fine-tuning toolchain.
 
 The services never import torch or transformers: the builder is a standalone script
-(``shared/toolchain/build_assets.py``) run as a subprocess by the toolchain's own interpreter.
+(``ftbus/toolchain/build_assets.py``) run as a subprocess by the toolchain's own interpreter.
 """
 
 from __future__ import annotations

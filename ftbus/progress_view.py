@@ -7,9 +7,12 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from ftbus.stages import LABELS
 from shared.events import Progress as ProgressEvent
+from shared.events import Stage
 
-STAGE_LABELS = {"data": "data", "train": "train", "bench": "benchmark", "judge": "judge"}
+# The stages that show a bar, in pipeline order (the aggregator's work is the verdict itself).
+STAGE_LABELS = {stage: label for stage, label in LABELS.items() if stage != Stage.aggregate.value}
 
 
 class ProgressView:

@@ -29,10 +29,10 @@ _write_ends: list[int] = []
 
 def start_undertaker(server_pid: int | None = None) -> subprocess.Popen[bytes]:
     """Start this process's undertaker; ``server_pid``: a nats-server it must stop on our death."""
-    from shared.embedded import start_time
+    from ftbus.embedded import start_time
 
     read_end, write_end = os.pipe()  # both non-inheritable: candidates never hold the write end
-    argv = [sys.executable, "-m", "shared.undertaker", "--owner", str(os.getpid())]
+    argv = [sys.executable, "-m", "ftbus.undertaker", "--owner", str(os.getpid())]
     if server_pid is not None:
         argv += ["--server", f"{server_pid}:{start_time(server_pid)}"]
     proc = subprocess.Popen(
@@ -50,7 +50,7 @@ def start_undertaker(server_pid: int | None = None) -> subprocess.Popen[bytes]:
 
 
 def _stop_server(spec: str, timeout_s: float) -> None:
-    from shared.embedded import start_time
+    from ftbus.embedded import start_time
 
     pid_text, _, started = spec.partition(":")
     pid = int(pid_text)
@@ -65,7 +65,7 @@ def _stop_server(spec: str, timeout_s: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shared.undertaker")
+    parser = argparse.ArgumentParser(prog="python -m ftbus.undertaker")
     parser.add_argument("--owner", type=int, required=True)
     parser.add_argument("--server", default=None, help="PID:START of a nats-server to stop")
     parser.add_argument("--grace", type=float, default=15.0)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)  # only the pipe ends our watch
     while os.read(0, 4096):  # the owner never writes: this returns b"" when it is gone
         pass
-    from shared.embedded import start_time
+    from ftbus.embedded import start_time
 
     owner_started = start_time(args.owner)
     deadline = time.monotonic() + 10

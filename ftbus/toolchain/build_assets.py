@@ -3,7 +3,7 @@
     <toolchain python> build_assets.py ASSETS_DIR [--force]
 
 A standalone script run by the fine-tuning toolchain's interpreter (it imports torch, tokenizers and
-transformers); the services never import it, they call ``shared.assets.build_assets``. Nothing is
+transformers); the services never import it, they call ``ftbus.assets.build_assets``. Nothing is
 downloaded: the tokenizer is trained here and the model is randomly initialised with a fixed seed,
 so the whole pipeline (data -> train -> benchmark) runs on a machine without network or GPU.
 
@@ -331,14 +331,14 @@ def build_dataset(dest: Path, records: list[dict[str, str]], readme: str = "") -
     (dest / "README.md").write_text(readme or (
         "# tiny-qa\n\nSynthetic question/answer records (addition, subtraction, parity, successor),\n"
         "one JSON object a line in `raw.jsonl`: `{id, kind, question, answer}`. None of the\n"
-        "questions appears in the tiny-arith benchmarks. Built by shared/toolchain/build_assets.py.\n"
+        "questions appears in the tiny-arith benchmarks. Built by ftbus/toolchain/build_assets.py.\n"
     ))
 
 
 REVIEWS_README = (
     "# tiny-reviews\n\nSynthetic restaurant (`food`) and film (`films`) reviews, one JSON object a line in\n"
     "`raw.jsonl`: `{id, kind: sentiment, domain, question, answer}`, answer `positive` or `negative`.\n"
-    "None of the questions appears in the tiny-sentiment benchmark. Built by shared/toolchain/build_assets.py.\n"
+    "None of the questions appears in the tiny-sentiment benchmark. Built by ftbus/toolchain/build_assets.py.\n"
 )
 BENCH_DESCRIPTIONS = {
     "tiny-sentiment": "Is a short restaurant or film review positive or negative? Exact match (synthetic).",

@@ -5,7 +5,7 @@ The LoRA example teaches the tiny model to tell positive from negative reviews (
 tiny-sentiment): the base model never answers either word, the candidate does after a minute of
 CPU training, and the last lines print both validation scores and their difference.
 
-Run as ``python -m shared.demo [--example lora|full]``. It uses the normal settings (FTBUS_HOME,
+Run as ``python -m ftbus.demo [--example lora|full]``. It uses the normal settings (FTBUS_HOME,
 default ~/.ftbus), so the assets it builds serve later `ftbus submit` commands too.
 """
 
@@ -21,14 +21,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shared.assets import AssetsError, build_assets
+from ftbus.assets import AssetsError, build_assets
+from ftbus.verdict_view import render_verdict
 from shared.events import Verdict
 from shared.settings import Settings
 from shared.stage_runner import describe_sandbox
-from shared.verdict_view import render_verdict
 
 REPO = Path(__file__).resolve().parent.parent
-FTBUS = [sys.executable, "-m", "shared.cli"]
+FTBUS = [sys.executable, "-m", "ftbus.cli"]
 # example -> (benchmark, raw dataset it reads, description)
 TASKS = {
     "lora": ("tiny-sentiment", "tiny-reviews", "Teach the tiny model to tell positive from negative reviews"),

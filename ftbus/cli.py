@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import signal
 import sys
@@ -20,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ftbus.stages import PIPELINE
 from shared.bus import Bus, NotConnected, PermissionDenied
 from shared.events import Progress, Report, Stage, TaskSpec, Timeouts, Verdict
 from shared.logs import get_logger, setup_logging
@@ -37,14 +37,6 @@ app.add_typer(assets_app, name="assets")
 
 err = Console(stderr=True)
 out = Console()
-
-SERVICE_MODULES: dict[Stage, str] = {
-    Stage.data: "services.data.service",
-    Stage.train: "services.trainer.service",
-    Stage.bench: "services.benchmark.service",
-    Stage.judge: "services.judge.service",
-    Stage.aggregate: "services.aggregator.main",
-}
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="YAML settings file (same keys as FTBUS_* variables).")
@@ -95,10 +87,11 @@ def _run(coro: Awaitable[int]) -> None:
 
 
 async def run_services(bus: Bus, stages: list[Stage], concurrency: int, stop: asyncio.Event) -> None:
-    tasks = []
-    for stage in stages:
-        module = importlib.import_module(SERVICE_MODULES[stage])
-        tasks.append(asyncio.create_task(module.run(bus, stop, concurrency), name=stage.value))
+    tasks = [
+        asyncio.create_task(spec.run(bus, stop, concurrency, PIPELINE), name=spec.stage.value)
+        for spec in PIPELINE
+        if spec.stage in stages
+    ]
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -128,7 +121,7 @@ def up(
     log = get_logger("ftbus.up")
 
     async def main() -> int:
-        from shared.embedded import EmbeddedServer
+        from ftbus.embedded import EmbeddedServer
 
         server = None
         url = settings.nats_url
@@ -138,7 +131,7 @@ def up(
                 settings.home / "nats", url_file=settings.url_file, log_file=settings.home / "nats-server.log"
             )
             url = server.start()
-        from shared.undertaker import start_undertaker
+        from ftbus.undertaker import start_undertaker
 
         start_undertaker(server.pid if server else None)  # nothing of ours outlives us, even a kill -9
         err.print(f"ftbus is up: NATS at [bold]{url}[/] (home {settings.home}). Ctrl-C stops it.")
@@ -192,7 +185,7 @@ def worker(
         _stop_on_signals(stop)
         if stage in (Stage.data, Stage.train, Stage.bench):
             _print_sandbox(settings)
-        from shared.undertaker import start_undertaker
+        from ftbus.undertaker import start_undertaker
 
         start_undertaker()  # kills our candidates' processes if this worker is killed
         bus = await Bus.connect(settings, name=f"ftbus-{stage.value}")
@@ -269,8 +262,8 @@ def submit(
     )
 
     async def main() -> int:
+        from ftbus.bus_client import FtbusClient
         from shared.artifacts import ArtifactError
-        from shared.client import FtbusClient
         from shared.paths import UnsafePath
         from shared.taskcheck import UnknownAsset
 
@@ -287,7 +280,7 @@ def submit(
                     out.print(rid)
                 return 0
             err.print(f"submitted [bold]{rid}[/]")
-            from shared.progress_view import ProgressView
+            from ftbus.progress_view import ProgressView
 
             with ProgressView(err) as view:
                 verdict = await client.wait(rid, on_progress=view.update)
@@ -328,7 +321,7 @@ def get(
     settings = _settings(config, nats_url)
 
     async def main() -> int:
-        from shared.client import FtbusClient
+        from ftbus.bus_client import FtbusClient
 
         async with await FtbusClient.connect(settings) as client:
             verdict = await client.get(request_id, report=report)
@@ -352,7 +345,7 @@ def status(
     settings = _settings(config, nats_url)
 
     async def main() -> int:
-        from shared.client import FtbusClient
+        from ftbus.bus_client import FtbusClient
 
         async with await FtbusClient.connect(settings) as client:
             record = await client.status(request_id)
@@ -396,7 +389,7 @@ def cancel(
     settings = _settings(config, nats_url)
 
     async def main() -> int:
-        from shared.client import FtbusClient
+        from ftbus.bus_client import FtbusClient
 
         async with await FtbusClient.connect(settings) as client:
             await client.cancel(request_id, reason)
@@ -416,7 +409,7 @@ def watch(
     settings = _settings(config, nats_url)
 
     async def main() -> int:
-        from shared.client import FtbusClient
+        from ftbus.bus_client import FtbusClient
 
         async with await FtbusClient.connect(settings) as client:
             async for item in client.watch():
@@ -543,7 +536,7 @@ def logs(
 def assets_init(config: ConfigOpt = None) -> None:
     """Build, offline, a tiny base model, a raw dataset and a benchmark under the assets directory."""
     settings = _settings(config)
-    from shared.assets import AssetsError, build_assets
+    from ftbus.assets import AssetsError, build_assets
 
     toolchain = settings.toolchain_path()
     try:
@@ -561,7 +554,7 @@ def _print_verdict(verdict: Verdict | Report, as_json: bool) -> None:
     if as_json:
         print(verdict.model_dump_json())
         return
-    from shared.verdict_view import render_verdict
+    from ftbus.verdict_view import render_verdict
 
     render_verdict(out, verdict)
 
