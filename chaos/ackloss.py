@@ -17,6 +17,7 @@ import nats
 from nats.js import api
 
 from chaos.cluster import Cluster
+from chaos.retry import retry
 
 STREAM = "CHAOS_PROBE"
 
@@ -50,9 +51,10 @@ async def probe(cluster: Cluster, trials: int, mode: str = "leader") -> AckLoss:
         for i in range(trials):
             result.trials += 1
             payload = secrets.token_bytes(16)
-            info = await _retry(lambda: js.stream_info(STREAM))
+            info = await retry(lambda: js.stream_info(STREAM), every_s=0.5)
             leader = info.cluster.leader if info.cluster else None
-            ack = await _retry(lambda i=i, payload=payload: js.publish(f"chaosprobe.{i}", payload, timeout=5))
+            ack = await retry(lambda i=i, payload=payload: js.publish(f"chaosprobe.{i}", payload, timeout=5),
+                              every_s=0.5)
             victims = cluster.nodes if mode == "all" else [cluster.node(leader or cluster.nodes[0].name)]
             for node in victims:  # at once: the acknowledgement has just arrived
                 node.kill()
@@ -62,23 +64,12 @@ async def probe(cluster: Cluster, trials: int, mode: str = "leader") -> AckLoss:
                 await asyncio.to_thread(node.start)
             await asyncio.to_thread(cluster.wait_ready)
             try:
-                msg = await _retry(lambda ack=ack: js.get_msg(STREAM, ack.seq), attempts=40)
+                msg = await retry(lambda ack=ack: js.get_msg(STREAM, ack.seq), attempts=40, every_s=0.5)
                 if msg.data != payload:
                     result.lost += 1
             except Exception:
                 result.lost += 1
-        await _retry(lambda: js.delete_stream(STREAM))
+        await retry(lambda: js.delete_stream(STREAM), every_s=0.5)
     finally:
         await nc.close()
     return result
-
-
-async def _retry(call, attempts: int = 30):  # type: ignore[no-untyped-def]
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except Exception:
-            if attempt == attempts - 1:
-                raise
-            await asyncio.sleep(0.5)
-    raise AssertionError("unreachable")

@@ -7,18 +7,17 @@ a time or all together. With one node it is a plain JetStream server (the soak u
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.process import OwnedProcess
 from ftbus.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
 
 
 @dataclass
-class Node:
+class Node(OwnedProcess):
     name: str
     port: int
     cluster_port: int
@@ -27,17 +26,11 @@ class Node:
     log: Path
     conf: Path
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    stop_timeout_s = 20.0  # lame duck, store flushed
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout_s: float = 30.0) -> None:
         if self.alive():
@@ -52,29 +45,6 @@ class Node:
         finally:
             log.close()
         wait_for_port("127.0.0.1", self.port, timeout_s)
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self.proc is not None
-            os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        """SIGKILL: the process dies at once (the OS still holds what it wrote)."""
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=30)
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM: a clean shutdown (lame duck, store flushed)."""
-        if not self.alive():
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class Cluster:

@@ -27,6 +27,7 @@ from chaos.checker import Result, check
 from chaos.cluster import Cluster
 from chaos.faults import FULL_SCHEDULE, SMOKE_SCHEDULE, Faults
 from chaos.load import Load
+from chaos.retry import retry
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain
 from ftbus.bus_client import FtbusClient
 from shared import codec
@@ -88,7 +89,7 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
         print(f"  load done in {time.monotonic() - started:.0f} s", flush=True)
         await load.wait_more(client, 90)  # requests the faults submitted themselves, stragglers
 
-        info = await _retry(lambda: client.bus.js.stream_info(subjects.stream_verdicts, subjects_filter=">"))
+        info = await retry(lambda: client.bus.js.stream_info(subjects.stream_verdicts, subjects_filter=">"))
         stream_counts = dict(info.state.subjects or {})
         await _explain_missing(client, load)
         # Exits nobody asked for (the supervisor started those workers again), and workers down now.
@@ -161,17 +162,6 @@ async def _connect(settings: Settings) -> FtbusClient:
             return await FtbusClient.connect(settings)
         except Exception:
             if attempt == 29:
-                raise
-            await asyncio.sleep(1)
-    raise AssertionError("unreachable")
-
-
-async def _retry(call: Any, attempts: int = 30) -> Any:
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except Exception:
-            if attempt == attempts - 1:
                 raise
             await asyncio.sleep(1)
     raise AssertionError("unreachable")

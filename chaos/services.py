@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from chaos.process import OwnedProcess
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "standin"
@@ -50,7 +51,7 @@ def service_env(settings: dict[str, object]) -> dict[str, str]:
 
 
 @dataclass
-class Service:
+class Service(OwnedProcess):
     """One `ftbus worker STAGE` process, restartable."""
 
     stage: str
@@ -67,13 +68,6 @@ class Service:
     def name(self) -> str:
         return f"{self.stage}-{self.index}"
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def start(self) -> None:
         if self.alive():
             return
@@ -86,28 +80,6 @@ class Service:
         finally:
             log.close()
         self.starts += 1
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self.proc is not None
-            os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=30)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if not self.alive():
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
     def rss_bytes(self) -> int | None:
         """Resident memory of the worker process (VmRSS), None when it is not running."""
