@@ -33,7 +33,7 @@ from typing import Any
 import docker
 import docker.errors
 import structlog
-from docker.types import DeviceRequest, LogConfig, Mount
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from shared.logs import get_logger
 from shared.runner import (
@@ -171,7 +171,7 @@ class DockerRunner:
     async def run(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout_s: float,
                   log_path: Path, on_line: LineCallback | None = None, tail_chars: int = 20000,
                   sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None,
-                  request_id: str = "") -> RunResult:
+                  request_id: str = "", max_file_bytes: int | None = None) -> RunResult:
         cwd = check_run(argv, cwd, timeout_s)
         sandbox = sandbox or Sandbox()
         # The stage runtime binds the request to every log line; the container label names it too.
@@ -179,7 +179,7 @@ class DockerRunner:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._hand_over, cwd)
-        spec = self._container_spec(list(argv), cwd, dict(env or {}), sandbox, request_id)
+        spec = self._container_spec(list(argv), cwd, dict(env or {}), sandbox, request_id, max_file_bytes)
 
         log_file = await asyncio.to_thread(log_path.open, "wb")
         output = RunOutput(log_file, on_line, tail_chars, self.max_line_chars)
@@ -281,7 +281,8 @@ class DockerRunner:
                     os.chown(os.path.join(root, name), uid_n, gid_n, follow_symlinks=False)
 
     def _container_spec(
-        self, argv: list[str], cwd: Path, env: dict[str, str], sandbox: Sandbox, request_id: str
+        self, argv: list[str], cwd: Path, env: dict[str, str], sandbox: Sandbox, request_id: str,
+        max_file_bytes: int | None = None,
     ) -> dict[str, Any]:
         mounts = [Mount(target=str(cwd), source=str(cwd.resolve()), type="bind", read_only=False)]
         seen = {str(cwd)}
@@ -314,6 +315,8 @@ class DockerRunner:
             "memswap_limit": self.memory,
             "nano_cpus": int(self.cpus * 1e9),
             "pids_limit": self.pids,
+            # RLIMIT_FSIZE (bytes): no single file past the run's disk quota, whatever the polling.
+            "ulimits": [Ulimit(name="fsize", soft=max_file_bytes, hard=max_file_bytes)] if max_file_bytes else [],
             "shm_size": self.shm,
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges"],

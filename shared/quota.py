@@ -11,6 +11,10 @@ other non-zero exit.
     runner = with_quota(ctx.runner, max_bytes=..., max_files=..., poll_s=...)
     run = await runner.run([...], cwd=workspace, ...)   # the same call, now under a quota
 
+Between two polls a fast writer could overshoot; so no single file may outgrow the quota at all:
+the runner caps every file the run writes at ``max_bytes`` (RLIMIT_FSIZE; a write past it fails
+with "File too large"), and the last look after the run then finds the folder over its quota.
+
 The walk itself is bounded: it stops counting once the file limit is passed.
 """
 
@@ -86,15 +90,17 @@ class QuotaWatchdog:
         self.cancel = cancel or asyncio.Event()
         self.exceeded: str | None = None
         self.peak = Usage(0, 0)
+        self.last = Usage(0, 0)
         self._task: asyncio.Task[None] | None = None
 
     def check(self) -> str | None:
         """Measure once; the reason the quota is exceeded, or None."""
-        usage = measure(self.root, self.max_files)
+        usage = self.last = measure(self.root, self.max_files)
         if usage.bytes > self.peak.bytes or usage.files > self.peak.files:
             self.peak = Usage(max(usage.bytes, self.peak.bytes), max(usage.files, self.peak.files))
-        if usage.bytes > self.max_bytes:
-            return (f"disk quota exceeded: the run's folder holds {_human(usage.bytes)}, over its quota of "
+        # Reaching the quota counts: that is where the runner's cap on file sizes stops a writer.
+        if usage.bytes >= self.max_bytes:
+            return (f"disk quota exceeded: the run's folder holds {_human(usage.bytes)}, at or over its quota of "
                     f"{_human(self.max_bytes)}; the run was stopped")
         if usage.files > self.max_files:
             return (f"file quota exceeded: the run's folder holds more than {self.max_files} files and folders; "
@@ -108,7 +114,15 @@ class QuotaWatchdog:
                 self.exceeded = reason
                 self.cancel.set()
                 return
-            await asyncio.sleep(self.poll_s)
+            await asyncio.sleep(self.next_poll_s())
+
+    def next_poll_s(self) -> float:
+        """``poll_s``, or a twentieth of a second once past half of either limit: near the quota a
+        fast writer overshoots it by what it writes between two looks. (No single file can pass
+        the quota at all: the runner caps file sizes, ``max_file_bytes``.)"""
+        if self.last.bytes * 2 > self.max_bytes or self.last.files * 2 > self.max_files:
+            return min(self.poll_s, 0.05)
+        return self.poll_s
 
     async def __aenter__(self) -> QuotaWatchdog:
         self._task = asyncio.create_task(self._watch())
@@ -148,7 +162,8 @@ class QuotaRunner:
 
                 relay = asyncio.create_task(_relay())
             try:
-                result = await self.inner.run(argv, cwd=cwd, log_path=log_path, cancel=quota.cancel, **kwargs)
+                result = await self.inner.run(argv, cwd=cwd, log_path=log_path, cancel=quota.cancel,
+                                              max_file_bytes=self.max_bytes, **kwargs)
             finally:
                 if relay is not None:
                     relay.cancel()

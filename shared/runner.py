@@ -17,9 +17,11 @@ import asyncio
 import codecs
 import contextlib
 import ctypes
+import functools
 import inspect
 import math
 import os
+import resource
 import signal
 import sys
 import time
@@ -93,7 +95,8 @@ class Runner(Protocol):
 
     async def run(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout_s: float,
                   log_path: Path, on_line: LineCallback | None = None, tail_chars: int = 20000,
-                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None) -> RunResult: ...
+                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None,
+                  max_file_bytes: int | None = None) -> RunResult: ...
 
 
 # ---------------------------------------------------------------------------- process trees
@@ -257,10 +260,15 @@ class LocalRunner:
 
     async def run(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None, timeout_s: float,
                   log_path: Path, on_line: LineCallback | None = None, tail_chars: int = 20000,
-                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None) -> RunResult:
+                  sandbox: Sandbox | None = None, cancel: asyncio.Event | None = None,
+                  max_file_bytes: int | None = None) -> RunResult:
         """Run ``argv`` and report how it ended.
 
         ``sandbox`` is accepted and not enforced: this runner isolates nothing (docs/sandbox.md).
+
+        ``max_file_bytes`` caps every file the run writes (RLIMIT_FSIZE): a write past it fails
+        with EFBIG ("File too large"), so one fast writer cannot overshoot a disk quota between two
+        of the quota watchdog's polls (shared/quota.py).
 
         ``cancel``, when set while the command runs, stops it like a timeout but reports
         ``cancelled=True`` (exit code 130): for a user's cancel request, which is a result to
@@ -299,7 +307,7 @@ class LocalRunner:
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=functools.partial(_prepare_child, max_file_bytes),
                 )
             except FileNotFoundError as exc:
                 output.note(f"cannot start {argv[0]!r}: command not found ({exc.strerror}); PATH is "
@@ -436,6 +444,15 @@ class LocalRunner:
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _prepare_child(max_file_bytes: int | None) -> None:
+    """In the child, before exec: die with the worker, and cap the size of every file it writes."""
+    _die_with_parent()
+    if max_file_bytes is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        limit = max_file_bytes if hard == resource.RLIM_INFINITY else min(hard, max_file_bytes)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
 def _die_with_parent() -> None:

@@ -139,6 +139,9 @@ def restates_exit(error: str | None) -> bool:
 # ---------------------------------------------------------------- collecting
 
 
+_OVERSIZED_SHOWN = 2000  # characters of an oversized train.yaml that the judge still shows
+
+
 def collect_facts(
     event: JudgedEvent, train_yaml: str, logs: Mapping[LogStage, str], settings: Settings
 ) -> JudgeFacts:
@@ -160,7 +163,15 @@ def collect_facts(
     exit_code = rules.exit_code if rules.exit_code is not None else 1
     condensed = condense_log(by_stage.get(log_stage, "") if log_stage else "", exit_code, str(stage) if stage else None)
     outcome = outcome_of(event, stage)
-    config, problem = parse_train_yaml(train_yaml)
+    if len(train_yaml) > settings.max_train_yaml_bytes:
+        # Parsing megabytes of YAML takes seconds of CPU, and none of it belongs in a prompt: the
+        # precheck refused this config already. The judge keeps its head and says why.
+        config, problem = {}, (f"train.yaml is {len(train_yaml)} characters, over the limit of "
+                               f"{settings.max_train_yaml_bytes} bytes (max_train_yaml_bytes)")
+        cut = len(train_yaml) - _OVERSIZED_SHOWN
+        train_yaml = f"{train_yaml[:_OVERSIZED_SHOWN]}\n[... {cut} more characters cut]\n"
+    else:
+        config, problem = parse_train_yaml(train_yaml)
     return JudgeFacts(
         event=event,
         failed_stage=stage,

@@ -130,6 +130,14 @@ async def test_memory_hog_is_killed_and_named(runner: DockerRunner, tmp_path: Pa
     assert "out of memory" in result.output_tail and "0.50 GiB" in result.output_tail
 
 
+async def test_no_file_in_the_container_outgrows_its_cap(runner: DockerRunner, tmp_path: Path) -> None:
+    script = "with open('big', 'wb') as f:\n    for _ in range(4096):\n        f.write(b'x' * 2**20)\n"
+    result = await runner.run(["python", "-c", script], cwd=tmp_path, timeout_s=120, log_path=tmp_path / "log.txt",
+                              max_file_bytes=4 * 2**20)
+    assert result.exit_code != 0 and "File too large" in result.output_tail, result.output_tail
+    assert (tmp_path / "big").stat().st_size <= 4 * 2**20
+
+
 async def test_fork_bomb_hits_the_pids_limit(runner: DockerRunner, tmp_path: Path) -> None:
     script = (
         "import os, time\n"

@@ -153,6 +153,15 @@ def test_train_yaml_problems_are_named(settings: Settings) -> None:
     )
 
 
+
+def test_an_oversized_train_yaml_is_not_parsed_nor_sent_whole(settings: Settings) -> None:
+    huge = ev.TRAIN_YAML + "".join(f"k{i}: {'v' * 90}\n" for i in range(100_000))  # ~10 MB
+    facts = collect_facts(ev.precheck_failed("train.yaml is too big"), huge, {}, settings)
+    assert facts.config == {}
+    assert facts.config_problem is not None and "max_train_yaml_bytes" in facts.config_problem
+    assert len(facts.train_yaml) < 4000 and "more characters cut" in facts.train_yaml
+
+
 # ---------------------------------------------------------------- judge_policy
 
 

@@ -62,3 +62,28 @@ async def test_a_burst_between_two_polls_is_caught_at_the_end(tmp_path: Path) ->
     async with QuotaWatchdog(tmp_path, max_bytes=MB, max_files=10, poll_s=3600) as quota:
         pass
     assert quota.exceeded is not None and "disk quota exceeded" in quota.exceeded
+
+
+async def test_no_single_file_outgrows_the_quota_whatever_the_poll(tmp_path: Path) -> None:
+    # An hour between polls: only the runner's cap on file sizes stands between this writer and
+    # a multi-GB file. The write past the cap fails, and the run is reported over its quota.
+    script = ("with open('data.json', 'wb') as f:\n"
+              "    for _ in range(4096):\n        f.write(b'x' * 2**20)\n")
+    work = tmp_path / "ws"
+    work.mkdir()
+    (work / "process_data.py").write_text(script)
+    slow = with_quota(LocalRunner(["PATH"]), max_bytes=8 * MB, max_files=100, poll_s=3600)
+    run = await slow.run([sys.executable, "process_data.py"], cwd=work, timeout_s=120, log_path=tmp_path / "log")
+    assert run.exit_code == EXIT_QUOTA
+    assert "disk quota exceeded" in run.output_tail
+    assert (work / "data.json").stat().st_size <= 8 * MB
+    assert measure(work).bytes < 9 * MB
+
+
+async def test_the_watchdog_looks_closer_past_half_of_a_limit(tmp_path: Path) -> None:
+    watchdog = QuotaWatchdog(tmp_path, max_bytes=4 * MB, max_files=1000, poll_s=2.0)
+    watchdog.check()
+    assert watchdog.next_poll_s() == 2.0
+    (tmp_path / "half").write_bytes(b"x" * (3 * MB))
+    watchdog.check()
+    assert watchdog.next_poll_s() == 0.05
