@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -104,6 +105,7 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--example", choices=["lora", "full"], default="lora")
     parser.add_argument("--repeat", type=int, default=2, help="timed runs of each side (default 2)")
+    parser.add_argument("--json", action="store_true", help="print rows for bench/table.py on stdout, no table")
     args = parser.parse_args()
     example = REPO / "examples" / args.example
 
@@ -163,7 +165,17 @@ async def main() -> int:
         table.add_row(label, f"{med(runs, key):.1f}", f"{min(values):.1f}", f"{max(values):.1f}")
     ratio = med(pipe_runs, "total") / med(direct_runs, "total")
     table.add_row("ratio pipeline/direct (report vs total)", f"{ratio:.2f}", "", "")
-    Console().print(table)
+    if args.json:
+        tail = f"examples/{args.example}, median of {args.repeat}"
+        print(json.dumps([
+            {"measure": f"tiny end to end, direct commands ({tail})", "value": f"{med(direct_runs, 'total'):.1f} s",
+             "target": None, "met": None},
+            {"measure": f"tiny end to end, pipeline submit -> report ({tail})",
+             "value": f"{med(pipe_runs, 'total'):.1f} s", "target": None, "met": None},
+            {"measure": "tiny end to end, pipeline / direct", "value": f"{ratio:.2f}x", "target": None, "met": None},
+        ]))
+    else:
+        Console().print(table)
     return 0
 
 

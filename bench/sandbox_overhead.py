@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -37,12 +38,15 @@ async def _median(runner: Runner, sandbox: Sandbox, folder: Path, runs: int) -> 
     return statistics.median(times)
 
 
-async def main(runs: int) -> int:
+async def main(runs: int, as_json: bool = False) -> int:
     settings = Settings()
     try:
         engine_client()
     except SandboxUnavailable as exc:
-        print(f"sandbox overhead: not measured ({exc})")
+        print(f"sandbox overhead: not measured ({exc})", file=sys.stderr)
+        if as_json:
+            print(json.dumps([{"measure": "sandbox overhead per run", "value": f"not measured: {exc}",
+                               "target": None, "met": None}]))
         return 0
     toolchain = settings.toolchain_path()
     local = LocalRunner(settings.passthrough_env, path_prefix=[toolchain] if toolchain else [])
@@ -68,6 +72,10 @@ async def main(runs: int) -> int:
             local_s = await _median(local, sandbox, work, runs)
             docker_s = await _median(docker, sandbox, work, runs)
             rows.append((label, local_s, docker_s))
+    if as_json:
+        print(json.dumps([{"measure": f"sandbox overhead per run, {label}", "value": f"{docker_s - local_s:+.3f} s",
+                           "target": None, "met": None} for label, local_s, docker_s in rows]))
+        return 0
     print(f"\nSandbox overhead per run (`python -c pass`, median of {runs}; image {settings.sandbox_image})\n")
     print("| stage | local runner (s) | docker runner (s) | overhead (s) |")
     print("|---|---|---|---|")
@@ -79,4 +87,6 @@ async def main(runs: int) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per stage and runner (median)")
-    raise SystemExit(asyncio.run(main(parser.parse_args().runs)))
+    parser.add_argument("--json", action="store_true", help="print rows for bench/table.py on stdout, no table")
+    options = parser.parse_args()
+    raise SystemExit(asyncio.run(main(options.runs, options.json)))
