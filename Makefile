@@ -74,10 +74,11 @@ test-integration: install browser
 test-e2e: install toolchain sandbox-for-tests
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
+# The performance table (bench/table.py runs every bench/*.py with --json; saved under .bench/),
+# then the soak: 1,000 fast requests, every service's memory growth per 1,000 requests.
 bench: install toolchain sandbox-for-tests
-	$(BIN)/python bench/pipeline_vs_direct.py
-	$(BIN)/python bench/sandbox_overhead.py
-	$(BIN)/python bench/soak.py  # 1,000 fast requests: every service's memory growth per 1,000 requests
+	$(BIN)/python bench/table.py
+	$(BIN)/python bench/soak.py
 
 # Requests under scheduled faults on a 3-node nats-server cluster, then the checker's table
 # (lost, duplicated, wrong, error verdicts, leftovers, latency); ~10 min on 2 cores. See docs/operations.md.
