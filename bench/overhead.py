@@ -1,0 +1,149 @@
+"""Orchestration overhead per request, beside five raw JetStream hops on the same server.
+
+One request at a time through the whole pipeline (real nats-server, every stage its own process,
+the stand-in tools: bench/standin_pipeline.py): its time from the request's publish to its
+verdict's arrival, minus the time its stages spent in their handlers (the stages' own work). What
+remains is what ftbus adds: consumers, acks, the idempotency and status records, progress, the
+aggregator and the verdict. Beside it: a message through five raw JetStream pull consumers
+(fetch, publish to the next subject, ack) on the same server, from the same process layout's
+point of view (one connection per hop).
+
+    python bench/overhead.py [--requests 12] [--hops 40] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.standin_pipeline import Stand, emit, median, workspace  # noqa: E402
+
+TARGET_RATIO = 3.0
+
+
+async def raw_hops(url: str, messages: int, hops: int = 5) -> list[float]:
+    """Seconds for one message through ``hops`` raw pull consumers, one message at a time."""
+    import nats
+    from nats.js import api
+
+    prefix = "raw" + secrets.token_hex(3)
+    admin = await nats.connect(url)
+    js = admin.jetstream()
+    await js.add_stream(api.StreamConfig(name=prefix.upper(), subjects=[f"{prefix}.>"],
+                                         storage=api.StorageType.FILE))
+    conns = []
+    stop = asyncio.Event()
+
+    async def hop(i: int) -> None:
+        nc = await nats.connect(url)
+        conns.append(nc)
+        hjs = nc.jetstream()
+        await hjs.add_consumer(prefix.upper(), api.ConsumerConfig(
+            durable_name=f"hop{i}", ack_policy=api.AckPolicy.EXPLICIT, filter_subject=f"{prefix}.{i}"))
+        psub = await hjs.pull_subscribe_bind(f"hop{i}", prefix.upper())
+        while not stop.is_set():
+            try:
+                msgs = await psub.fetch(1, timeout=2)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in msgs:
+                await hjs.publish(f"{prefix}.{i + 1}", msg.data)
+                await msg.ack()
+
+    tasks = [asyncio.create_task(hop(i)) for i in range(hops)]
+    arrived: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on_end(msg: object) -> None:
+        arrived.put_nowait(time.perf_counter())
+
+    sub = await admin.subscribe(f"{prefix}.{hops}", cb=on_end)
+    await asyncio.sleep(0.5)
+    times = []
+    try:
+        for n in range(messages):
+            start = time.perf_counter()
+            await js.publish(f"{prefix}.0", b"x" * 200)
+            end = await asyncio.wait_for(arrived.get(), timeout=30)
+            if n >= 3:  # warm-up
+                times.append(end - start)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await js.delete_stream(prefix.upper())
+        for nc in [*conns, admin]:
+            await nc.close()
+    return times
+
+
+async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[str, object]]:
+    async with Stand(root) as stand:
+        raw = await raw_hops(stand.settings.nats_url, hops_messages)
+        sub, verdicts = await stand.verdicts()
+        overheads: list[float] = []
+        walls: list[float] = []
+        for n in range(requests + 2):
+            rid = f"ovh{n}-{secrets.token_hex(3)}"
+            ws = workspace(root / "ws" / rid, steps=1, step_s=0.01, salt=rid)
+            event = await stand.upload(ws, rid)
+            start = time.time()
+            await stand.publish(event)
+            while True:  # a verdict the stream refused as a repeat still reaches core subscribers
+                got, at, _ = await asyncio.wait_for(verdicts.get(), timeout=120)
+                if got == rid:
+                    break
+            await asyncio.sleep(0.3)  # the last stage's timing line is written after its return
+            work = sum(stand.stage_times()[rid].values())
+            if n >= 2:  # warm-up: imports, first connections, the baseline cache
+                walls.append(at - start)
+                overheads.append(at - start - work)
+                spans = stand.spans()[rid]
+                marks = [("publish", start), *((f"{st}", spans[st]) for st in ("data", "train", "bench", "judge"))]
+                prev, gaps = start, []
+                for name, span in marks[1:]:
+                    gaps.append(f"->{name} {1000 * (span[0] - prev):.1f}")
+                    prev = span[1]
+                gaps.append(f"->verdict {1000 * (at - prev):.1f}")
+                for name in ("data", "train", "bench", "judge"):
+                    gaps.append(f"[{name} {1000 * (spans[name][1] - spans[name][0]):.0f}]")
+                print("gaps ms:", " ".join(gaps), file=sys.stderr)
+        await sub.unsubscribe()
+    raw_ms = median(raw) * 1000
+    over_ms = median(overheads) * 1000
+    ratio = over_ms / raw_ms
+    return [
+        {"measure": "5 raw JetStream hops (median)", "value": f"{raw_ms:.2f} ms", "target": None, "met": None},
+        {"measure": "request wall time, stand-in tools (median)", "value": f"{median(walls) * 1000:.0f} ms",
+         "target": None, "met": None},
+        {"measure": "overhead per request outside stage work (median)", "value": f"{over_ms:.1f} ms",
+         "target": None, "met": None},
+        {"measure": "overhead vs 5 raw JetStream hops", "value": f"{ratio:.1f}x",
+         "target": f"<= {TARGET_RATIO:.0f}x", "met": ratio <= TARGET_RATIO},
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--hops", type=int, default=40, help="messages through the raw hops")
+    parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ftbus-overhead-") as tmp:
+        rows = asyncio.run(measure(args.requests, args.hops, Path(tmp)))
+    emit(rows, args.json, "orchestration overhead")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Pre-check failures, many at once: requests per second from their arrival to their verdicts.
+
+``--requests`` (default 100) requests whose workspace has no train.yaml, so that the data stage
+refuses them at its pre-check and the judge and aggregator turn each into a verdict. Their
+workspaces are uploaded first; then all requests are published at once, and the clock runs from
+the first publish to the last verdict. Real nats-server, every stage its own process, each at
+its default concurrency (bench/standin_pipeline.py).
+
+    python bench/precheck_burst.py [--requests 100] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.standin_pipeline import Stand, emit, median, workspace  # noqa: E402
+
+TARGET_RPS = 300.0
+
+
+async def burst(stand: Stand, root: Path, n: int, tag: str) -> tuple[float, list[float]]:
+    sub, verdicts = await stand.verdicts()
+    ws = workspace(root / "ws" / tag, kind="precheck")
+    events = [await stand.upload(ws, f"{tag}{i:03d}-{secrets.token_hex(3)}") for i in range(n)]
+    wanted = {e.request_id for e in events}
+    start = time.time()
+    await asyncio.gather(*(stand.publish(e) for e in events))
+    latencies: list[float] = []
+    seen: set[str] = set()
+    last = start
+    while seen != wanted:
+        rid, at, _ = await asyncio.wait_for(verdicts.get(), timeout=300)
+        if rid in wanted and rid not in seen:
+            seen.add(rid)
+            latencies.append(at - start)
+            last = at
+    await sub.unsubscribe()
+    return last - start, latencies
+
+
+async def measure(n: int, root: Path) -> list[dict[str, object]]:
+    async with Stand(root) as stand:
+        await burst(stand, root, 10, "warm")  # imports, first connections
+        elapsed, latencies = await burst(stand, root, n, "burst")
+        # One on its own, for its latency.
+        singles = [(await burst(stand, root, 1, f"one{i}-"))[0] for i in range(5)]
+    rps = n / elapsed
+    return [
+        {"measure": f"pre-check failures, {n} at once", "value": f"{rps:.0f} req/s",
+         "target": f">= {TARGET_RPS:.0f} req/s", "met": rps >= TARGET_RPS},
+        {"measure": f"pre-check failures, {n} at once: all verdicts in", "value": f"{elapsed * 1000:.0f} ms",
+         "target": None, "met": None},
+        {"measure": f"pre-check failures, {n} at once: median request to verdict",
+         "value": f"{median(latencies) * 1000:.0f} ms", "target": None, "met": None},
+        {"measure": "pre-check failure alone: request to verdict (median)",
+         "value": f"{median(singles) * 1000:.1f} ms", "target": None, "met": None},
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="ftbus-precheck-") as tmp:
+        rows = asyncio.run(measure(args.requests, Path(tmp)))
+    emit(rows, args.json, "pre-check failure throughput")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The stand: what bench/overhead.py, bench/precheck_burst.py and bench/pipelining.py measure on.
+
+A real embedded nats-server, and every stage as its own ``ftbus worker``-like process (the way a
+deployment runs them: one process per stage, its own connection and event loop), running the
+real services with the stand-in toolchain (tests/standin/) and ``sandbox: local``. The only
+addition is a timer around each stage's handler, so that a bench can tell a stage's own work
+(the handler: pre-check, tools, artifacts, judging) from everything around it (consumers, acks,
+KV records, progress, the aggregator, the verdict). The aggregator has no handler of its own:
+all of its time is orchestration.
+
+    python bench/standin_pipeline.py --worker STAGE --timings FILE [--concurrency N]
+
+is that worker process (started by :class:`Stand`, not by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+STAGES = ("data", "train", "bench", "judge", "aggregate")
+
+
+def _stage_default_concurrency() -> bool:
+    """Whether this tree's stages declare their own concurrency (then None means 'the stage's own')."""
+    from shared.stagespec import StageSpec
+
+    return "concurrency" in {f.name for f in dataclasses.fields(StageSpec)}
+
+
+async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> None:
+    from ftbus import cli
+    from shared.bus import Bus
+    from shared.events import Stage
+    from shared.logs import setup_logging
+    from shared.settings import Settings
+
+    settings = Settings()
+    setup_logging(settings.log_format, settings.log_level)
+    stage = Stage(stage_name)
+    out = timings.open("a", buffering=1)
+    specs = []
+    for spec in cli.PIPELINE:
+        if spec.stage is stage and spec.handler is not None:
+            inner = spec.handler
+
+            async def timed(event: Any, ctx: Any, inner: Any = inner) -> Any:
+                t0 = time.time()
+                try:
+                    return await inner(event, ctx)
+                finally:
+                    t1 = time.time()
+                    out.write(json.dumps({"rid": event.request_id, "stage": stage_name, "t0": t0, "t1": t1}) + "\n")
+
+            spec = dataclasses.replace(spec, handler=timed)
+        specs.append(spec)
+    cli.PIPELINE = tuple(specs)  # run_services reads the module's pipeline
+    if concurrency is None and not _stage_default_concurrency():
+        concurrency = 1  # the tree before stages declared their own: its default
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    bus = await Bus.connect(settings, name=f"ftbus-{stage_name}")
+    try:
+        await bus.ensure_topology()
+        await cli.run_services(bus, [stage], concurrency, stop)  # type: ignore[arg-type]
+    finally:
+        await bus.close()
+        out.close()
+
+
+class Stand:
+    """nats-server + one worker process per stage + a client connection, under ``root``."""
+
+    def __init__(self, root: Path, *, concurrency: dict[str, int] | None = None, log_level: str = "INFO") -> None:
+        self.root = root
+        self.concurrency = concurrency or {}
+        self.log_level = log_level
+        self.server: Any = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.client: Any = None
+        self.settings: Any = None
+        self.timings = root / "timings.jsonl"
+
+    async def __aenter__(self) -> Stand:
+        from chaos.services import service_env, standin_assets, standin_toolchain
+        from ftbus.bus_client import FtbusClient
+        from ftbus.embedded import EmbeddedServer
+        from shared.settings import Settings
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.server = EmbeddedServer(self.root / "nats", log_file=self.root / "nats-server.log")
+        url = self.server.start()
+        values: dict[str, object] = {
+            "home": str(self.root / "home"),
+            "assets_dir": str(standin_assets(self.root / "assets")),
+            "toolchain_bin": str(standin_toolchain(self.root / "bin")),
+            "nats_url": url,
+            "sandbox": "local",
+            "log_format": "json",
+            "log_level": self.log_level,
+        }
+        self.settings = Settings(**values)  # type: ignore[arg-type]
+        env = service_env(values)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        self.client = await FtbusClient.connect(self.settings)  # creates the topology first
+        self._start_workers(env)
+        await self._wait_for_consumers()
+        return self
+
+    def _start_workers(self, env: dict[str, str]) -> None:
+        for stage in STAGES:
+            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", stage, "--timings", str(self.timings)]
+            if stage in self.concurrency:
+                argv += ["--concurrency", str(self.concurrency[stage])]
+            with (self.root / f"{stage}.log").open("ab") as log:
+                self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                                   start_new_session=True))
+
+    async def _wait_for_consumers(self, timeout_s: float = 60.0) -> None:
+        s = self.client.bus.subjects
+        from shared.events import Stage
+
+        wanted = [s.durable(Stage(stage)) for stage in STAGES]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready = 0
+            for durable in wanted:
+                with contextlib.suppress(Exception):
+                    info = await self.client.bus.js.consumer_info(s.stream_events, durable)
+                    ready += 1 if info.num_waiting else 0
+            if ready == len(wanted):
+                return
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a worker exited at start: see {self.root}/*.log")
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"workers not ready in {timeout_s} s: see {self.root}/*.log")
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.server is not None:
+            self.server.stop()
+
+    # ------------------------------------------------------------------ requests
+
+    async def upload(self, workspace: Path, rid: str) -> Any:
+        """The request event for ``workspace``, its files uploaded (what `submit` does before publishing)."""
+        from ftbus.bus_client import _exclude_outputs
+        from shared.artifacts import upload_dir
+        from shared.events import EvalRequested, RequestContext, TaskSpec
+
+        settings = self.settings
+        files = await upload_dir(await self.client.bus.artifacts(), f"{rid}/workspace", workspace,
+                                 max_bytes=settings.max_workspace_bytes, max_files=settings.max_workspace_files,
+                                 exclude=_exclude_outputs)
+        task = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
+        return EvalRequested(request_id=rid, context=RequestContext(task=task, workspace=files))
+
+    async def publish(self, event: Any) -> None:
+        from shared.subjects import msg_id
+
+        bus = self.client.bus
+        await bus.publish(bus.subjects.eval_requested, event, msg_id(event.request_id, "submit", "requested"))
+
+    async def verdicts(self) -> tuple[Any, asyncio.Queue[tuple[str, float, bytes]]]:
+        """A core subscription to every verdict: (request id, arrival time, payload) in a queue."""
+        bus = self.client.bus
+        queue: asyncio.Queue[tuple[str, float, bytes]] = asyncio.Queue()
+
+        async def on_msg(msg: Any) -> None:
+            queue.put_nowait((msg.subject.rsplit(".", 1)[-1], time.time(), msg.data))
+
+        sub = await bus.nc.subscribe(bus.subjects.verdict("*"), cb=on_msg)
+        await bus.nc.flush()
+        return sub, queue
+
+    def stage_times(self) -> dict[str, dict[str, float]]:
+        """rid -> stage -> handler seconds (summed over attempts)."""
+        out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        if self.timings.is_file():
+            for line in self.timings.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError):
+                    row = json.loads(line)
+                    out[row["rid"]][row["stage"]] += row["t1"] - row["t0"]
+        return out
+
+    def spans(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """rid -> stage -> (start, end) of its handler (the last attempt)."""
+        out: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+        if self.timings.is_file():
+            for line in self.timings.read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError):
+                    row = json.loads(line)
+                    out[row["rid"]][row["stage"]] = (row["t0"], row["t1"])
+        return out
+
+
+def workspace(root: Path, *, kind: str = "pass", data_sleep_s: float = 0.0, steps: int = 2,
+              step_s: float = 0.01, salt: str = "") -> Path:
+    """A stand-in workspace: ``pass`` runs every stage; ``precheck`` has no train.yaml."""
+    from chaos.load import workspace as chaos_workspace
+
+    ws = chaos_workspace(root, "pass", step_s=step_s, steps=steps, salt=salt)
+    if data_sleep_s:
+        script = ws / "process_data.py"
+        script.write_text(f"import time\ntime.sleep({data_sleep_s})\n" + script.read_text())
+    if kind == "precheck":
+        (ws / "train.yaml").unlink()
+    return ws
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def emit(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
+    """Print the rows: a rich table, or (``--json``) only the JSON list on stdout."""
+    if as_json:
+        print(json.dumps(rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("measure", "value", "target", "met"):
+        table.add_column(col)
+    for row in rows:
+        met = row["met"]
+        table.add_row(row["measure"], row["value"], row["target"] or "",
+                      "" if met is None else ("[green]yes[/]" if met else "[red]no[/]"))
+    Console().print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", choices=STAGES, required=True)
+    parser.add_argument("--timings", type=Path, required=True)
+    parser.add_argument("--concurrency", type=int, default=None)
+    args = parser.parse_args()
+    asyncio.run(_worker(args.worker, args.timings, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
