@@ -5,6 +5,11 @@ port with JetStream and a store under the ftbus home, wait until the port accept
 (a failing nats.connect() retries slowly and prints tracebacks), and record its URL in the home
 so other ``ftbus`` commands on this machine find it without configuration.
 
+Its HTTP monitoring endpoint (``/varz``, ``/jsz``, ``/healthz``) listens on loopback too, on a free
+port of its own (``monitor_url``): the endpoint that KEDA's nats-jetstream scaler reads in a
+deployment (deploy/k8s-keda/, docs/operations.md "Scaling each stage"), so each stage's consumer
+lag can be looked at locally exactly as the autoscaler sees it.
+
 Nothing outlives its owner: the server is asked (PR_SET_PDEATHSIG) to get SIGTERM, which makes it
 flush its store and exit, the moment the process that started it dies, even by SIGKILL. Its pid
 file in the store names it and its owner, so a start on the same store first stops a server whose
@@ -124,10 +129,13 @@ class EmbeddedServer:
     """A nats-server child process. Use as a context manager, or start()/stop()."""
 
     def __init__(
-        self, store_dir: Path, *, port: int | None = None, url_file: Path | None = None, log_file: Path | None = None
+        self, store_dir: Path, *, port: int | None = None, url_file: Path | None = None, log_file: Path | None = None,
+        monitor_port: int | None = None,
     ) -> None:
         self.store_dir = store_dir
         self.port = port
+        #: The HTTP monitoring port (loopback); a free one is chosen at the first start.
+        self.monitor_port = monitor_port
         self.url_file = url_file
         self.log_file = log_file
         self.process: subprocess.Popen[bytes] | None = None
@@ -136,13 +144,21 @@ class EmbeddedServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def monitor_url(self) -> str:
+        """The HTTP monitoring endpoint, e.g. ``monitor_url + "/jsz?acc=$G&consumers=true"``."""
+        return f"http://127.0.0.1:{self.monitor_port}"
+
     def start(self, timeout_s: float = 20.0) -> str:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         reap_stale_server(self.store_dir)
         self.port = self.port or free_port()
+        self.monitor_port = self.monitor_port or free_port()
         log_target = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)],
+            # -a also binds the monitoring port (http_host defaults to the client host): loopback only
+            [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.monitor_port),
+             "-js", "-sd", str(self.store_dir)],
             stdout=log_target,
             stderr=log_target,
             stdin=subprocess.DEVNULL,
