@@ -266,6 +266,32 @@ class DockerRunner:
             if not pump.done():
                 pump.cancel()
 
+    # ------------------------------------------------------------------ a resident container
+
+    async def start_resident(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+                             log_path: Path, sandbox: Sandbox | None = None, label: str = "") -> DockerResident:
+        """Start one long-lived container (the warm benchmark engine) with the isolation of :meth:`run`.
+
+        Its mounts are fixed now: ``cwd`` read-write, ``sandbox``'s paths read-only. It keeps
+        running between messages; its output streams into ``log_path``; it is labelled like a run
+        (``label`` as its request id), so :func:`reap_containers` removes it when its worker dies."""
+        cwd = check_run(argv, cwd, math.inf)
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._hand_over, cwd)
+        spec = self._container_spec(list(argv), cwd, dict(env or {}), sandbox or Sandbox(), label)
+        container: Any = None
+        try:
+            container = await asyncio.to_thread(self.client().containers.create, **spec)
+            await asyncio.to_thread(container.start)
+        except BaseException:
+            if container is not None:
+                await asyncio.shield(asyncio.to_thread(_remove, container))
+            raise
+        resident = DockerResident(self, container, log_path)
+        resident.follow()
+        return resident
+
     # ------------------------------------------------------------------ container spec
 
     def _hand_over(self, folder: Path) -> None:
@@ -328,6 +354,46 @@ class DockerRunner:
             "log_config": LogConfig(type="json-file", config={"max-size": "20m", "max-file": "2"}),
             "detach": True,
         }
+
+
+class DockerResident:
+    """A resident container started by :meth:`DockerRunner.start_resident`."""
+
+    def __init__(self, runner: DockerRunner, container: Any, log_path: Path) -> None:
+        self._runner = runner
+        self.container = container
+        self.sandbox = runner.name
+        self._log_path = log_path
+        self._reader: threading.Thread | None = None
+
+    def follow(self) -> None:
+        """Copy the container's output into its log file, from a thread, until it stops."""
+
+        def copy() -> None:
+            with contextlib.suppress(Exception), self._log_path.open("ab") as fh:
+                for chunk in self.container.logs(stream=True, follow=True, stdout=True, stderr=True):
+                    fh.write(chunk)
+                    fh.flush()
+
+        self._reader = threading.Thread(target=copy, name=f"resident-{self.container.short_id}", daemon=True)
+        self._reader.start()
+
+    async def poll(self) -> int | None:
+        try:
+            state = await asyncio.to_thread(_state, self.container)
+        except docker.errors.NotFound:
+            return EXIT_OOM_KILLED  # removed under us: as good as killed
+        if state.get("Running") or state.get("Status") in ("created", "running", "restarting"):
+            return None
+        if state.get("OOMKilled"):
+            return EXIT_OOM_KILLED
+        return int(state.get("ExitCode", -1))
+
+    def hand_over(self, folder: Path) -> None:
+        self._runner._hand_over(folder)
+
+    async def kill(self) -> None:
+        await asyncio.shield(asyncio.to_thread(_remove, self.container))
 
 
 def gateway_command(argv: Sequence[str], port: int) -> list[str]:

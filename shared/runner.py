@@ -322,6 +322,11 @@ class LocalRunner:
         finally:
             log.close()
 
+    async def start_resident(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None,
+                             log_path: Path, sandbox: Sandbox | None = None, label: str = "") -> LocalResident:
+        """Start a long-lived process (``sandbox`` not enforced, as for :meth:`run`); see :class:`Resident`."""
+        return await start_local_resident(self, argv, cwd=cwd, env=env, log_path=log_path)
+
     async def _supervise(
         self,
         proc: asyncio.subprocess.Process,
@@ -441,6 +446,85 @@ class LocalRunner:
         transport = getattr(proc, "_transport", None)
         if transport is not None:
             transport.close()
+
+
+# ---------------------------------------------------------------------------- resident processes
+
+
+@runtime_checkable
+class Resident(Protocol):
+    """A long-lived process a stage keeps between messages (the warm benchmark engine).
+
+    Started by a runner's ``start_resident``; it talks to its stage through files in its working
+    folder, not through its output (which goes to a log file)."""
+
+    #: Which isolation it has: ``local`` or ``docker:<image>``.
+    sandbox: str
+
+    async def poll(self) -> int | None:
+        """None while it runs; its exit code once it ended (137 for an out-of-memory kill)."""
+        ...
+
+    def hand_over(self, folder: Path) -> None:
+        """Let it write ``folder`` (created by the worker after it started)."""
+        ...
+
+    async def kill(self) -> None:
+        """Stop it now, whatever it is doing (its whole process tree, or its container)."""
+        ...
+
+
+class LocalResident:
+    """A subprocess in its own session that dies with the worker (``PR_SET_PDEATHSIG``)."""
+
+    sandbox = "local"
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: BinaryIO) -> None:
+        self._proc = proc
+        self._log = log
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    async def poll(self) -> int | None:
+        code = self._proc.returncode
+        if code is None:
+            return None
+        return code if code >= 0 else 128 - code
+
+    def hand_over(self, folder: Path) -> None:
+        """The same user: nothing to hand over."""
+
+    async def kill(self) -> None:
+        sid = self._proc.pid
+        _signal_tree(sid, signal.SIGKILL)
+        deadline = time.monotonic() + 30.0
+        while (self._proc.returncode is None or _tree_alive(sid)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            _signal_tree(sid, signal.SIGKILL)
+        self._log.close()
+
+
+async def start_local_resident(
+    runner: LocalRunner, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None, log_path: Path,
+) -> LocalResident:
+    """Start ``argv`` as a resident process of ``runner`` (its environment rules, its die-with-parent).
+
+    Raises ``OSError`` (``FileNotFoundError`` and the like) when it cannot start."""
+    cwd = check_run(argv, cwd, math.inf)
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = await asyncio.to_thread(log_path.open, "ab")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env=runner.child_env(env), stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, preexec_fn=functools.partial(_prepare_child, None),
+        )
+    except BaseException:
+        log.close()
+        raise
+    return LocalResident(proc, log)
 
 
 _PR_SET_PDEATHSIG = 1

@@ -125,6 +125,12 @@ class Settings(BaseSettings):
         "refuses to start when no engine is reachable.",
     )
     sandbox_image: str = Field(
+    bench_engine: Literal["warm", "cold"] = Field(
+        default="warm",
+        description="lm-eval runs: warm, one long-lived engine per bench worker (harness imported once, one "
+        "model load per model and request, the splits one at a time); cold, a fresh `lm_eval` process per "
+        "split. OpenCompass always runs cold.",
+    )
         default="ftbus-sandbox:latest",
         description="Image for candidate code (`make sandbox`); any image with the toolchain on PATH, "
         "python3 and socat (deploy/docker/) works.",

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from shared.events import Stage
 from shared.quota import with_quota
 from shared.runner import Runner
-from shared.runtime import Handler, Policy, StageWorker
+from shared.runtime import Handler, Policy, StageWorker, stage_policies
 from shared.settings import Settings
 from shared.stage_runner import make_runner
 from shared.subjects import Subjects
@@ -48,6 +48,9 @@ class StageSpec:
     disk_quota: Callable[[Settings], int] | None = None
     #: A service's own entry point (the aggregator's); by default one worker of this spec.
     entry: Callable[[Bus, asyncio.Event, int, Sequence[StageSpec]], Awaitable[None]] | None = None
+    #: Policies its worker runs besides :func:`shared.runtime.stage_policies` (e.g. the bench
+    #: worker's warm engine, stopped when the worker stops).
+    extra_policies: Callable[[], Sequence[Policy]] = tuple
 
     async def run(self, bus: Bus, stop: asyncio.Event, concurrency: int = 1,
                   pipeline: Sequence[StageSpec] = ()) -> None:
@@ -66,5 +69,7 @@ class StageSpec:
                policies: Sequence[Policy] | None = None) -> StageWorker:
         """This stage's worker, its consumer filtered on what the stage consumes."""
         assert self.handler is not None, f"{self.stage.value} has no plain handler"
+        if policies is None:
+            policies = (*stage_policies(), *self.extra_policies())
         return StageWorker(bus, self.stage, self.handler, self.accepts, concurrency=concurrency, runner=runner,
                            filters=self.consumes(bus.subjects), policies=policies)

@@ -12,6 +12,10 @@ import pytest
 # deployment must. The sandbox's own tests (tests/integration/test_sandbox*.py) and the e2e tests
 # with the real toolchain set sandbox="docker" themselves.
 os.environ.setdefault("FTBUS_SANDBOX", "local")
+# The stand-in `lm_eval` is a command, not a harness a warm engine can import: those tests run the
+# benchmark cold (a process per split). The warm engine has its own tests with the real lm-eval
+# (tests/e2e/test_bench_engine.py, and tests/e2e/test_examples.py sets it explicitly).
+os.environ.setdefault("FTBUS_BENCH_ENGINE", "cold")
 
 from ftbus.embedded import EmbeddedServer
 

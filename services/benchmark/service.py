@@ -21,6 +21,7 @@ from services.benchmark.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPAR
 from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
+from services.benchmark.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
 from shared.artifacts import ArtifactStore, materialise
 from shared.events import (
     ArtifactRef,
@@ -34,7 +35,7 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
-from shared.runner import EXIT_TIMEOUT
+from shared.runner import EXIT_TIMEOUT, RunResult
 from shared.runtime import Outgoing, StageContext
 from shared.sandbox import Sandbox
 from shared.stagespec import StageSpec
@@ -76,6 +77,8 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
         return [_result(event, ctx, split, SplitRun(None, None, refused), None) for split in ("validation", "test")]
     model = select_model(base_model, ctx.workdir / "output")
     device = detect_device(settings.bench_device)
+    if settings.bench_backend == "lm-eval" and settings.bench_engine == "warm":
+        return await _handle_warm(ctx, event, spec, model, base_model, device)
 
     async def one_split(split: SplitName) -> list[Outgoing]:
         manifest = make_split(spec, split, settings.bench_max_items)
@@ -174,14 +177,34 @@ async def _run_split(
         argv, cwd=run_dir, env=env, timeout_s=timeout, log_path=log_path,
         tail_chars=settings.log_tail_chars, sandbox=Sandbox.reading(model.pretrained, model.peft, gpus=True),
     )
+    return await _score_split(ctx, event, spec, manifest, run, output_dir, label=label)
+
+
+async def _score_split(
+    ctx: StageContext,
+    event: TrainResult,
+    spec: BenchmarkSpec,
+    manifest: SplitManifest,
+    run: RunResult,
+    output_dir: Path,
+    *,
+    label: str,
+    engine_error: str | None = None,
+) -> SplitRun:
+    """Store a finished run's log (the test split's privately) and read its scores."""
+    settings = ctx.settings
+    backend = settings.bench_backend
+    name = LABELS[backend]
+    timeout = run.timeout_s
     store = await _store_for(ctx, manifest)
-    log_ref: ArtifactRef = await store.put_file(f"{event.request_id}/logs/benchmark-{label}.log", log_path)
+    log_ref: ArtifactRef = await store.put_file(f"{event.request_id}/logs/benchmark-{label}.log", run.log_path)
     outcome = run.outcome(log_ref)
     if run.timed_out:
         error = f"benchmark ({label}) timed out after {timeout:.0f} s (exit code {EXIT_TIMEOUT})"
         return SplitRun(None, outcome, error)
     if run.exit_code != 0:
-        return SplitRun(None, outcome, f"{name} ({label}) exited with code {run.exit_code}")
+        detail = f": {engine_error}" if engine_error else ""
+        return SplitRun(None, outcome, f"{name} ({label}) exited with code {run.exit_code}{detail}")
     try:
         scores = await asyncio.to_thread(
             parse_run, backend, output_dir, spec, manifest, settings.max_error_samples, settings.error_sample_seed
@@ -192,6 +215,61 @@ async def _run_split(
         return SplitRun(scores, outcome, f"{name} ({label}) produced no metrics")
     log.info("split scored", split=label, primary=scores.primary_metric, value=scores.primary_value)
     return SplitRun(scores, outcome, None)
+
+
+async def _handle_warm(
+    ctx: StageContext,
+    event: TrainResult,
+    spec: BenchmarkSpec,
+    model: ModelSelection,
+    base_model: Path,
+    device: str,
+) -> list[Outgoing]:
+    """Both splits on the worker's warm engine: one job (one model load) for the candidate's
+    validation and test splits, then one for the base model's uncached baselines."""
+    settings = ctx.settings
+    engine = engine_for(ctx.runner, settings)
+    timeout = settings.timeout_for("benchmark", event.context.timeouts.benchmark)
+    manifests = {split: make_split(spec, split, settings.bench_max_items) for split in ("validation", "test")}
+    name = LABELS[settings.bench_backend]
+
+    async def announce(split: WarmSplit) -> None:
+        items = sum(len(v) for v in split.manifest.item_ids.values())
+        await ctx.progress(message=f"{split.label}: {name} on {items} items (warm engine)")
+
+    async def score(splits: dict[str, WarmSplit], runs: dict[str, WarmRun]) -> dict[str, SplitRun]:
+        return {label: await _score_split(ctx, event, spec, split.manifest, runs[label].result,
+                                          runs[label].output_dir, label=label, engine_error=runs[label].error)
+                for label, split in splits.items()}
+
+    candidate = {split: WarmSplit(split, manifests[split]) for split in ("validation", "test")}
+    candidate_runs = await engine.run(spec, model, list(candidate.values()), ctx.workdir, device=device,
+                                      timeout_s=timeout, on_split=announce, seed=0)
+    results = await score(candidate, candidate_runs)
+
+    baselines: dict[str, BenchmarkScores | None] = {}
+    uncached: dict[str, WarmSplit] = {}
+    for split, manifest in manifests.items():
+        if results[split].scores is None:
+            continue
+        _, cached = await _cached_baseline(ctx, manifest, base_model, device)
+        baselines[split] = cached
+        if cached is None:
+            uncached[f"baseline-{split}"] = WarmSplit(f"baseline-{split}", manifest)
+    if uncached:
+        base_runs = await engine.run(spec, select_model(base_model, None), list(uncached.values()), ctx.workdir,
+                                     device=device, timeout_s=timeout, on_split=announce, seed=0)
+        for label, run in (await score(uncached, base_runs)).items():
+            split = uncached[label].manifest.split
+            if run.scores is None:
+                log.warning("baseline run failed", split=split, error=run.error)
+                continue
+            key, _ = await _cached_baseline(ctx, uncached[label].manifest, base_model, device, look=False)
+            store = await _cache_store_for(ctx, uncached[label].manifest)
+            await store.put_bytes(key, run.scores.model_dump_json().encode())
+            baselines[split] = run.scores
+    return [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
+            for split in ("validation", "test")]
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -223,12 +301,10 @@ async def _baseline(
     base_model: Path,
     device: str,
 ) -> BenchmarkScores | None:
-    key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend)
-    name = f"cache/baseline/{key}/scores.json"
+    name, cached = await _cached_baseline(ctx, manifest, base_model, device)
+    if cached is not None:
+        return cached
     store = await _cache_store_for(ctx, manifest)
-    ref = await store.stat(name)
-    if ref is not None:
-        return BenchmarkScores.model_validate_json(await store.get_bytes(ref))
     run = await _run_split(ctx, event, spec, manifest, select_model(base_model, None), device,
                            label=f"baseline-{manifest.split}")
     if run.scores is None:
@@ -237,6 +313,21 @@ async def _baseline(
         return None
     await store.put_bytes(name, run.scores.model_dump_json().encode())
     return run.scores
+
+
+async def _cached_baseline(
+    ctx: StageContext, manifest: SplitManifest, base_model: Path, device: str, *, look: bool = True
+) -> tuple[str, BenchmarkScores | None]:
+    """The baseline cache's object name for this split, and the scores cached there (if ``look``)."""
+    key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend)
+    name = f"cache/baseline/{key}/scores.json"
+    if not look:
+        return name, None
+    store = await _cache_store_for(ctx, manifest)
+    ref = await store.stat(name)
+    if ref is None:
+        return name, None
+    return name, BenchmarkScores.model_validate_json(await store.get_bytes(ref))
 
 
 async def _store_for(ctx: StageContext, manifest: SplitManifest) -> ArtifactStore:
@@ -274,4 +365,6 @@ SPEC = StageSpec(
     emits=lambda s: [s.bench_completed, s.bench_failed, s.bench_test],
     handler=handle,
     sandboxed=True,
+    # The worker's warm engine (services/benchmark/warm.py) stops with it.
+    extra_policies=lambda: (EnginePolicy(),),
 )

@@ -33,6 +33,8 @@ async def test_example_passes_for_real(
         subject_prefix="e" + secrets.token_hex(4), log_format="json", log_level="WARNING",
         # The real toolchain in the real sandbox: every candidate-controlled run in a container.
         sandbox="docker", sandbox_image=require_sandbox(),
+        # The default: both splits and the baseline on the bench worker's warm engine container.
+        bench_engine="warm",
     )
     pipeline = Pipeline(settings)
     try:

@@ -1,0 +1,160 @@
+"""The warm benchmark engine with the REAL lm-eval on the tiny model: as a local process and as a
+Docker container. One model load for both splits, the splits one at a time (each in its own log),
+warm between jobs, killed on a timeout and started afresh for the next job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from services.benchmark.lmeval import parse_lm_eval_output
+from services.benchmark.models import select_model
+from services.benchmark.registry import load_benchmark
+from services.benchmark.splits import make_split
+from services.benchmark.warm import ENGINE_DIR, WarmEngine, WarmSplit
+from shared.docker_runner import DockerRunner, engine_client
+from shared.runner import LocalRunner
+from shared.settings import Settings
+from tests.sandbox_support import require_sandbox
+
+pytestmark = pytest.mark.e2e
+BENCHMARK = "tiny-sentiment"
+MAX_ITEMS = 4
+
+
+def _settings(tmp_path: Path, assets: Path, toolchain: Path, **extra: object) -> Settings:
+    return Settings(home=tmp_path / "home", assets_dir=assets, toolchain_bin=toolchain, bench_max_items=MAX_ITEMS,
+                    **extra)
+
+
+def _splits(assets: Path, prefix: str = "") -> list[WarmSplit]:
+    spec = load_benchmark(assets, BENCHMARK)
+    return [WarmSplit(f"{prefix}{split}", make_split(spec, split, MAX_ITEMS)) for split in ("validation", "test")]
+
+
+def _questions(assets: Path, split: str) -> list[str]:
+    spec = load_benchmark(assets, BENCHMARK)
+    manifest = make_split(spec, split, MAX_ITEMS)  # type: ignore[arg-type]
+    out = []
+    for subset in spec.subsets:
+        wanted = set(manifest.item_ids[subset.name])
+        out += [item.question for item in spec.items(subset.name) if item.id in wanted]
+    return out
+
+
+def _check_job(runs: dict, assets: Path, *, job: int, prefix: str = "") -> None:
+    spec = load_benchmark(assets, BENCHMARK)
+    validation, test = runs[f"{prefix}validation"], runs[f"{prefix}test"]
+    for i, (split, run) in enumerate((("validation", validation), ("test", test))):
+        assert run.result.exit_code == 0, run.result.output_tail
+        assert run.error is None
+        # The same layout as the lm_eval CLI's: the unchanged parser reads it.
+        scores = parse_lm_eval_output(run.output_dir, spec, make_split(spec, split, MAX_ITEMS))  # type: ignore[arg-type]
+        assert set(scores.accuracy_summary) == {"food", "films"}
+        # One model load for the job, done in its first split: the second split reused it.
+        assert run.loads == 1
+        # While the split ran, the engine saw this split's run folder and no other.
+        runs_seen = [name for name in run.listing if name.startswith("run-")]
+        assert runs_seen == [f"run-{job}-{i}"], run.listing
+        assert not any(name.startswith("split-") for name in run.listing)
+    assert validation.engine_pid == test.engine_pid
+    # Each split's log holds that split only: nothing of the other's items, folder or results.
+    validation_log = validation.log_path.read_text()
+    test_log = test.log_path.read_text()
+    assert "model loaded" in validation_log and "model loaded" not in test_log
+    test_questions = _questions(assets, "test")
+    validation_questions = _questions(assets, "validation")
+    assert set(test_questions).isdisjoint(validation_questions)
+    assert not [q for q in test_questions if q in validation_log]
+    assert not [q for q in validation_questions if q in test_log]
+    assert f"run-{job}-1" not in validation_log and f"run-{job}-0" not in test_log
+    assert f"run-{job}-0/tasks" in validation_log and f"run-{job}-1/tasks" in test_log  # each names its own tasks
+    for log_text in (validation_log, test_log):
+        assert log_text.count("|exact_match|") == 2  # one results table: food and films of this split
+
+
+async def test_one_load_per_job_splits_one_at_a_time_and_warm_between_jobs(
+    real_assets: Path, toolchain_bin: Path, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, real_assets, toolchain_bin)
+    engine = WarmEngine(LocalRunner(settings.passthrough_env, path_prefix=[toolchain_bin]), settings,
+                        tmp_path / "engine")
+    spec = load_benchmark(real_assets, BENCHMARK)
+    base = select_model(real_assets / "models" / "tiny-llama", None)
+    announced: list[str] = []
+
+    async def on_split(split: WarmSplit) -> None:
+        announced.append(split.label)
+
+    try:
+        first = await engine.run(spec, base, _splits(real_assets), tmp_path / "w1", device="cpu", timeout_s=600,
+                                 on_split=on_split)
+        _check_job(first, real_assets, job=1)
+        assert announced == ["validation", "test"]
+        # The exchange area holds no split once the job is over.
+        assert not [p for p in engine.exchange.iterdir() if p.name.startswith(("run-", "model-", "split-"))]
+
+        second = await engine.run(spec, base, _splits(real_assets), tmp_path / "w2", device="cpu", timeout_s=600)
+        _check_job(second, real_assets, job=2)
+        assert engine.starts == 1
+        assert second["validation"].engine_pid == first["validation"].engine_pid  # warm: the same process
+        assert json.loads((engine.exchange / "engine.json").read_text())["pid"] == first["validation"].engine_pid
+
+        # A split over its timeout kills the engine; the next split, and the next job, get a fresh one.
+        timed = await engine.run(spec, base, _splits(real_assets)[:1], tmp_path / "w3", device="cpu",
+                                 timeout_s=0.2)
+        run = timed["validation"]
+        assert run.result.timed_out and run.result.exit_code == 124
+        assert "the stage timeout" in run.log_path.read_text()
+        assert not engine.running
+        third = await engine.run(spec, base, _splits(real_assets), tmp_path / "w4", device="cpu", timeout_s=600)
+        assert engine.starts == 2
+        assert third["validation"].engine_pid != first["validation"].engine_pid
+        assert third["validation"].result.exit_code == 0 and third["test"].loads == 1
+    finally:
+        await engine.stop()
+    assert not engine.root.exists()
+
+
+async def test_the_engine_container_sees_its_exchange_the_models_and_its_script_only(
+    real_assets: Path, toolchain_bin: Path, tmp_path: Path
+) -> None:
+    image = require_sandbox()
+    settings = _settings(tmp_path, real_assets, toolchain_bin, sandbox="docker", sandbox_image=image)
+    client = engine_client()
+    runner = DockerRunner(image, stage="bench", client=client, memory="4g")
+    engine = WarmEngine(runner, settings, tmp_path / "engine")
+    spec = load_benchmark(real_assets, BENCHMARK)
+    # A candidate outside the models folder: its files are linked into the exchange area per job.
+    candidate_dir = tmp_path / "candidate"
+    candidate_dir.mkdir()
+    for path in (real_assets / "models" / "tiny-llama").iterdir():
+        if path.is_file():
+            (candidate_dir / path.name).write_bytes(path.read_bytes())
+    (candidate_dir / "escape").symlink_to(real_assets / "benchmarks")
+    candidate = select_model(candidate_dir, None)
+    try:
+        runs = await engine.run(spec, candidate, _splits(real_assets), tmp_path / "w", device="cpu",
+                                timeout_s=600)
+        _check_job(runs, real_assets, job=1)
+        assert runs["validation"].result.sandbox == f"docker:{image}"
+        resident = engine._resident
+        assert resident is not None
+        container = resident.container  # type: ignore[attr-defined]
+        container.reload()
+        host = container.attrs["HostConfig"]
+        assert host["NetworkMode"] == "none"
+        assert host["ReadonlyRootfs"] is True
+        assert host["CapDrop"] == ["ALL"]
+        assert "no-new-privileges" in host["SecurityOpt"]
+        assert host["Memory"] == 4 * 2**30 and host["PidsLimit"] == settings.sandbox_pids
+        mounts = {m["Destination"]: m["RW"] for m in container.attrs["Mounts"]}
+        models = str((real_assets / "models").resolve())
+        assert mounts == {str(engine.exchange): True, models: False, str(ENGINE_DIR): False}, mounts
+        assert str((real_assets / "benchmarks").resolve()) not in mounts  # the hidden split's source
+        assert container.labels["ftbus.stage"] == "bench" and container.labels["ftbus.owner"] == runner.owner
+    finally:
+        await engine.stop()
+    assert not client.containers.list(all=True, filters={"label": f"ftbus.owner={runner.owner}"})
