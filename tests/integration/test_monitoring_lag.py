@@ -7,7 +7,7 @@ scales on ``num_pending + num_ack_pending`` (a consumer it cannot find is an err
 lookup is done here against a real nats-server, with the stages' own durable consumers:
 
 - on the embedded server (``ftbus up``: no accounts, so the global account ``$G``), whose
-  monitoring port ftbus/embedded.py now opens on loopback;
+  monitoring port ftbus/embedded.py opens on loopback;
 - on the deployment's own configuration (deploy/nats/, account FTBUS, each stage as its own user),
   reading account, stream and consumer from the ScaledObjects themselves.
 
