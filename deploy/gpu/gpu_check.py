@@ -10,10 +10,11 @@ CUDA torch, vLLM, peft, LlamaFactory and lm-eval. Needs no network:
 2. trains two LoRA adapters with the real ``llamafactory-cli train`` on one GPU: a plain one
    (``lora_target: all``) and one with ``additional_target: embed_tokens,lm_head``
    (``modules_to_save``, which the reference merges);
-3. evaluates the base model and both adapters on both splits of tiny-sentiment in ONE toolchain
-   process (deploy/gpu/engine_eval.py: the warm engine's path through
-   services/benchmark/engine/vllm_support.py: one model load per model, every split on that load);
-4. checks: lm-eval's vllm model was used with tensor parallelism over the GPUs given; the plain
+3. evaluates the base model and both adapters on both splits of tiny-sentiment on the bench
+   worker's warm engine (services/benchmark/warm.py + engine/ftbus_engine.py, which picks its
+   lm-eval model through engine/vllm_support.py): one engine process, one model load per model;
+4. checks: lm-eval's vllm model was used with tensor parallelism over the GPUs given (the engine's
+   log says what it loaded); one model load served both splits; the plain
    adapter was served unmerged (``lora_local_path``), the modules_to_save one merged; scores came
    back for every split; the served adapter changed the base model's answers (vLLM applied it).
 
@@ -26,6 +27,8 @@ plumbing, not the GPU path, and says so.
 from __future__ import annotations
 
 import argparse
+import ast
+import asyncio
 import json
 import os
 import shutil
@@ -114,14 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=None,
                         help="GPUs given to the benchmark (default: all visible); tensor parallelism follows")
     parser.add_argument("--steps", type=int, default=80, help="training steps per adapter (default 80)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
-                        help="vLLM's share of each GPU's memory (default 0.5: the check leaves room for others)")
     parser.add_argument("--timeout", type=float, default=570.0, help="give up after this many seconds (default 570)")
     parser.add_argument("--cpu-rehearsal", action="store_true",
                         help="run the same steps on CPU with lm-eval's hf model (no vLLM): checks the plumbing only")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.timeout <= 0 or not 0 < args.gpu_memory_utilization <= 1:
-        parser.error("--steps must be >= 1, --timeout > 0 and --gpu-memory-utilization in (0, 1]")
+    if args.steps < 1 or args.timeout <= 0:
+        parser.error("--steps must be >= 1 and --timeout > 0")
     if args.gpus is not None and args.gpus < 1:
         parser.error("--gpus must be >= 1")
     return args
@@ -240,35 +241,114 @@ def train(model: Path, data: Path, out: Path, args: argparse.Namespace, modules_
                            f"{(proc.stdout + proc.stderr)[-2000:]}")
 
 
-def write_tasks(work: Path, assets: Path, name: str) -> list[dict[str, Any]]:
-    from services.benchmark.lmeval import write_task_configs
-    from services.benchmark.registry import load_benchmark
-    from services.benchmark.splits import make_split, write_split_data
-
-    spec = load_benchmark(assets, BENCHMARK)
-    splits = []
-    for split in SPLITS:
-        run_dir = work / "bench" / name / split
-        manifest = make_split(spec, split)
-        data_files = write_split_data(spec, manifest, run_dir / "data")
-        tasks = write_task_configs(spec, data_files, run_dir / "tasks")
-        splits.append({"split": split, "include_path": str(run_dir / "tasks"), "tasks": list(tasks.values()),
-                       "output_path": str(run_dir / "output")})
-    return splits
-
-
-def scores(work: Path, assets: Path, name: str) -> dict[str, Any]:
-    from services.benchmark.lmeval import parse_lm_eval_output
-    from services.benchmark.registry import load_benchmark
-    from services.benchmark.splits import make_split
-
-    spec = load_benchmark(assets, BENCHMARK)
-    return {split: parse_lm_eval_output(work / "bench" / name / split / "output", spec, make_split(spec, split))
-            for split in SPLITS}
-
-
 def adapter_modules_to_save(adapter: Path) -> list[str]:
     return list(json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("modules_to_save") or [])
+
+
+def loaded_model(log_path: Path) -> tuple[str | None, dict[str, Any], float | None]:
+    """What the engine loaded, from its lines in the job's first split log:
+    ``[engine] loading <name> model: {args}`` and ``[engine] model loaded in <s> s``."""
+    name: str | None = None
+    margs: dict[str, Any] = {}
+    load_s: float | None = None
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None, {}, None
+    for line in text.splitlines():
+        if line.startswith("[engine] loading ") and " model: " in line:
+            head, _, tail = line.partition(" model: ")
+            name = head.removeprefix("[engine] loading ").strip()
+            try:
+                margs = ast.literal_eval(tail.strip())
+            except (ValueError, SyntaxError):
+                margs = {}
+        elif line.startswith("[engine] model loaded in "):
+            try:
+                load_s = float(line.removeprefix("[engine] model loaded in ").split()[0])
+            except (ValueError, IndexError):
+                pass
+    return name, margs, load_s
+
+
+async def evaluate(args: argparse.Namespace, work: Path, assets: Path, model: Path, adapters: dict[str, Path],
+                   deadline: Deadline) -> dict[str, dict[str, Any]]:
+    """The three models on the bench worker's warm engine (services/benchmark/warm.py): one engine
+    process, one job (one model load) per model, both splits per job."""
+    from services.benchmark.models import select_model
+    from services.benchmark.registry import load_benchmark
+    from services.benchmark.splits import make_split
+    from services.benchmark.warm import WarmEngine, WarmSplit
+    from shared.runner import LocalRunner
+    from shared.settings import Settings
+
+    settings = Settings(
+        assets_dir=assets, work_dir=work / "workers", toolchain_bin=args.toolchain_bin, sandbox="local",
+        bench_device="cpu" if args.cpu_rehearsal else "cuda",
+        passthrough_env=["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HOME", "CUDA_VISIBLE_DEVICES",
+                         "LD_LIBRARY_PATH", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"],
+    )
+    runner = LocalRunner(settings.passthrough_env, path_prefix=[args.toolchain_bin])
+    engine = WarmEngine(runner, settings, work / "engine")
+    spec = load_benchmark(assets, BENCHMARK)
+    manifests = {split: make_split(spec, split) for split in SPLITS}
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for name in ("base", "lora", "lora-mts"):
+            runs = await engine.run(
+                spec, select_model(model, adapters.get(name)), [WarmSplit(s, manifests[s]) for s in SPLITS],
+                work / "bench" / name, device=settings.bench_device,
+                timeout_s=deadline.left(f"evaluating {name}"), seed=0,
+            )
+            out[name] = {"runs": runs, "manifests": manifests, "spec": spec, "starts": engine.starts}
+    finally:
+        await engine.kill()
+    return out
+
+
+def judge_model(name: str, result: dict[str, Any], args: argparse.Namespace, summary: Summary,
+                gpus: int) -> dict[str, Any] | None:
+    """Check one model's runs; return its scores per split (None when a split failed)."""
+    from services.benchmark.lmeval import parse_lm_eval_output
+
+    runs, spec, manifests = result["runs"], result["spec"], result["manifests"]
+    failed = [f"{s}: {runs[s].error or 'exit ' + str(runs[s].result.exit_code)}\n{runs[s].result.output_tail[-1500:]}"
+              if s in runs else f"{s}: not run" for s in SPLITS if s not in runs or runs[s].result.exit_code != 0]
+    if failed:
+        summary.check(f"{name}: evaluated on the warm engine", False, "\n".join(failed))
+        return None
+    loads = [runs[s].loads for s in SPLITS]
+    summary.check(f"{name}: one model load for both splits", loads == [1, 1],
+                  f"loads after each split: {loads}; engine starts so far: {result['starts']}")
+    lm_name, margs, load_s = loaded_model(runs[SPLITS[0]].log_path)
+    want = "hf" if args.cpu_rehearsal else "vllm"
+    summary.check(f"{name}: lm-eval model {want}", lm_name == want, f"{lm_name} {margs}")
+    if not args.cpu_rehearsal:
+        tp = margs.get("tensor_parallel_size")
+        summary.check(f"{name}: tensor_parallel_size from the GPUs given", isinstance(tp, int) and 1 <= tp <= gpus,
+                      f"tp={tp} of {gpus} GPUs")
+        if name == "lora":
+            summary.check("lora: served unmerged (lora_local_path)",
+                          bool(margs.get("lora_local_path")) and "merged" not in str(margs.get("pretrained")),
+                          f"lora_local_path={margs.get('lora_local_path')} max_lora_rank={margs.get('max_lora_rank')}")
+        if name == "lora-mts":
+            summary.check("lora-mts: merged (modules_to_save), then loaded as a full model",
+                          "lora_local_path" not in margs and str(margs.get("pretrained", "")).endswith("/merged"),
+                          str(margs.get("pretrained")))
+    what = ("merge + " if name == "lora-mts" and not args.cpu_rehearsal else "") + "load"
+    loaded = f" {load_s:.1f}" if load_s is not None else ""
+    summary.timings.append((f"  {name}: {SPLITS[0]} (incl. {what}{loaded})", runs[SPLITS[0]].result.duration_s))
+    for s in SPLITS[1:]:
+        summary.timings.append((f"  {name}: {s} (same load)", runs[s].result.duration_s))
+    try:
+        scores = {s: parse_lm_eval_output(runs[s].output_dir, spec, manifests[s]) for s in SPLITS}
+    except Exception as exc:  # a FAIL row with the reason
+        summary.check(f"{name}: scores parsed", False, f"{type(exc).__name__}: {exc}")
+        return None
+    values = {s: r.primary_value for s, r in scores.items()}
+    summary.check(f"{name}: scores for both splits", all(isinstance(v, float) for v in values.values()),
+                  ", ".join(f"{s} {v:.3f}" if v is not None else f"{s} -" for s, v in values.items()))
+    return scores
 
 
 def check(args: argparse.Namespace, work: Path, summary: Summary) -> None:
@@ -276,6 +356,10 @@ def check(args: argparse.Namespace, work: Path, summary: Summary) -> None:
     t0 = time.monotonic()
     found = probe(args.toolchain_bin, args.cpu_rehearsal)
     gpus = 0 if args.cpu_rehearsal else min(args.gpus or found["gpus"], found["gpus"])
+    if gpus and args.gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(found["gpus"])]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[:gpus])  # the GPUs given to the bench worker
     summary.info("toolchain", f"torch {found.get('torch')} (CUDA {found.get('cuda_build')}), vllm {found.get('vllm')}, "
                               f"peft {found.get('peft')}, lm-eval {found.get('lm_eval')}, "
                               f"llamafactory {found.get('llamafactory')}")
@@ -303,68 +387,16 @@ def check(args: argparse.Namespace, work: Path, summary: Summary) -> None:
     mts = adapter_modules_to_save(adapters["lora-mts"])
     summary.check("additional_target adapter has modules_to_save", bool(mts), str(mts))
 
-    job = {
-        "device": "cpu" if args.cpu_rehearsal else "cuda", "gpus": gpus, "dtype": None, "seed": 0,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "models": [
-            {"name": name, "pretrained": str(model), "peft": str(adapters[name]) if name in adapters else None,
-             "scratch": str(work / "scratch" / name), "apply_chat_template": True,
-             "splits": write_tasks(work, assets, name)}
-            for name in ("base", "lora", "lora-mts")
-        ],
-    }
-    for m in job["models"]:
-        Path(m["scratch"]).mkdir(parents=True, exist_ok=True)
-    (work / "job.json").write_text(json.dumps(job, indent=1), encoding="utf-8")
     t0 = time.monotonic()
-    proc = run([str(python), str(HERE / "engine_eval.py"), str(work / "job.json"), str(work / "report.json")],
-               timeout=deadline.left("evaluation"), log=work / "engine_eval.log")
-    summary.timings.append(("evaluate 3 models x 2 splits (one process)", time.monotonic() - t0))
-    if not (work / "report.json").is_file():
-        summary.check("engine evaluation ran", False, f"exit {proc.returncode}: {proc.stderr[-1500:]}")
-        return
-    report = json.loads((work / "report.json").read_text(encoding="utf-8"))
-    summary.timings.append(("  harness import", float(report.get("import_s", 0))))
-    by_name = {m["name"]: m for m in report["models"]}
-    want = "hf" if args.cpu_rehearsal else "vllm"
-    results: dict[str, dict[str, Any]] = {}
-    for name in ("base", "lora", "lora-mts"):
-        m = by_name.get(name, {"error": "missing from the report"})
-        if "error" in m:
-            summary.check(f"{name}: evaluated", False, m["error"] + "\n" + m.get("traceback", "")[-1500:])
-            continue
-        margs = m["args"]
-        summary.check(f"{name}: lm-eval model {want}", m["model"] == want, f"{m['model']} {json.dumps(margs)}")
-        if not args.cpu_rehearsal:
-            summary.check(f"{name}: tensor_parallel_size from the GPUs given",
-                          margs.get("tensor_parallel_size", 0) >= 1 and margs["tensor_parallel_size"] <= gpus,
-                          f"tp={margs.get('tensor_parallel_size')} of {gpus} GPUs")
-            if name == "lora":
-                summary.check("lora: served unmerged (lora_local_path)",
-                              margs.get("lora_local_path") == str(adapters["lora"])
-                              and margs["pretrained"] == str(model),
-                              f"max_lora_rank={margs.get('max_lora_rank')}")
-            if name == "lora-mts":
-                merged = Path(margs["pretrained"])
-                summary.check("lora-mts: merged (modules_to_save)",
-                              "lora_local_path" not in margs and (merged / "config.json").is_file()
-                              and any(merged.glob("*.safetensors")), str(merged))
-        summary.timings.append((f"  {name}: plan{'+merge' if name == 'lora-mts' else ''}", float(m.get("plan_s", 0))))
-        summary.timings.append((f"  {name}: model load", float(m.get("load_s", 0))))
-        for split, secs in m.get("splits", {}).items():
-            summary.timings.append((f"  {name}: {split}", float(secs)))
-        summary.timings.append((f"  {name}: release", float(m.get("release_s", 0))))
-        try:
-            results[name] = scores(work, assets, name)
-        except Exception as exc:  # a FAIL row with the reason
-            summary.check(f"{name}: scores parsed", False, f"{type(exc).__name__}: {exc}")
-            continue
-        values = {s: r.primary_value for s, r in results[name].items()}
-        summary.check(f"{name}: scores for both splits", all(isinstance(v, float) for v in values.values()),
-                      ", ".join(f"{s} {v:.3f}" if v is not None else f"{s} -" for s, v in values.items()))
-    if "base" in results and "lora" in results:
-        base = {s: (r.primary_value, [e.model_output for e in r.error_samples]) for s, r in results["base"].items()}
-        lora = {s: (r.primary_value, [e.model_output for e in r.error_samples]) for s, r in results["lora"].items()}
+    results = asyncio.run(evaluate(args, work, assets, model, adapters, deadline))
+    summary.timings.append(("warm engine: 3 models x 2 splits, one engine", time.monotonic() - t0))
+    scores = {name: judge_model(name, result, args, summary, gpus) for name, result in results.items()}
+    base_scores, lora_scores = scores.get("base"), scores.get("lora")
+    if base_scores and lora_scores:
+        def answers(per_split: dict[str, Any]) -> dict[str, Any]:
+            return {s: (r.primary_value, [e.model_output for e in r.error_samples]) for s, r in per_split.items()}
+
+        base, lora = answers(base_scores), answers(lora_scores)
         summary.check("lora changed the base model's answers (the adapter was applied)", base != lora,
                       f"base {[v for v, _ in base.values()]} vs lora {[v for v, _ in lora.values()]}")
 
@@ -382,7 +414,9 @@ def print_summary(summary: Summary, args: argparse.Namespace, work: Path, total:
     for name, secs in summary.timings:
         print(f"  {secs:7.1f}  {name}")
     print(f"  {total:7.1f}  total")
-    print(f"-- work folder: {work} (logs: *.log, report.json)")
+    kept = not (summary.passed and args.workdir is None and not args.keep)
+    print(f"-- work folder: {work}" + (" (logs: *.log, bench/*/bench-*/lm_eval.log, engine/engine.log)" if kept
+                                       else " (removed: PASS; --keep keeps it)"))
 
 
 def main(argv: list[str] | None = None) -> int:

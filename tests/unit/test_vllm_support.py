@@ -182,7 +182,7 @@ def test_vllm_plan_serves_a_plain_lora_unmerged(tmp_path: Path) -> None:
     assert plan.model == "vllm" and plan.merge is None
     assert plan.args == {
         "pretrained": str(model), "dtype": "auto", "tensor_parallel_size": 4, "gpu_memory_utilization": 0.6,
-        "seed": 3, "trust_remote_code": False, "enforce_eager": True, "max_model_len": 2048,
+        "seed": 3, "trust_remote_code": False, "enforce_eager": True, "batch_size": "auto", "max_model_len": 2048,
         "lora_local_path": str(adapter), "max_lora_rank": 32,
     }
     assert any("tensor_parallel_size 4 of the 8 GPUs" in n for n in plan.notes)
@@ -222,6 +222,38 @@ def test_adapter_vocab_size_reads_the_saved_embedding(tmp_path: Path) -> None:
     assert vs.safetensors_shapes(adapter / "adapter_model.safetensors")["base_model.model.lm_head.weight"] == [2112, 64]
     assert vs.adapter_vocab_size(adapter) == 2112
     assert vs.adapter_vocab_size(_adapter(tmp_path, "plain")) is None
+
+
+def test_release_shuts_vllm_down_and_drops_the_model() -> None:
+    calls: list[str] = []
+
+    class Core:
+        def shutdown(self) -> None:
+            calls.append("core")
+
+    class LLM:  # vllm.LLM's shape: llm_engine (with engine_core in v1)
+        def __init__(self) -> None:
+            self.llm_engine = type("Engine", (), {"engine_core": Core()})()
+
+    class VllmLike:
+        def __init__(self) -> None:
+            self.model = LLM()
+
+    lm = VllmLike()
+    vs.release(lm)
+    assert calls == ["core"] and not hasattr(lm, "model")
+
+    class HFLike:  # lm-eval's HFLM: ``model`` is a property over ``_model``
+        def __init__(self) -> None:
+            self._model = object()
+
+        @property
+        def model(self) -> object:
+            return self._model
+
+    hf = HFLike()
+    vs.release(hf)
+    assert "_model" not in vars(hf)
 
 
 # ------------------------------------------------------------------ the merge, for real

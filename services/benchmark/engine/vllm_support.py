@@ -270,6 +270,7 @@ def plan_model(
         "seed": int(seed),
         "trust_remote_code": False,  # candidate weights are data
         "enforce_eager": bool(enforce_eager),
+        "batch_size": "auto",  # vLLM schedules its own batches; an engine's batch_size 1 would serialise them
     }
     if max_model_len:
         args["max_model_len"] = int(max_model_len)
@@ -366,6 +367,15 @@ def merge_adapter(base: str | Path, adapter: str | Path, dest: str | Path, *, dt
     return dest
 
 
+def _visible_log() -> None:
+    """Our notes reach the engine's output (a split's log) even when nothing configured logging."""
+    if not LOG.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        LOG.addHandler(handler)
+        LOG.setLevel(logging.INFO)
+
+
 def lm_eval_model(
     pretrained: str,
     peft: str | None,
@@ -395,6 +405,7 @@ def lm_eval_model(
         gpu_memory_utilization=gpu_memory_utilization, seed=seed, max_model_len=max_model_len,
         enforce_eager=enforce_eager,
     )
+    _visible_log()
     for note in plan.notes:
         (LOG.warning if note.startswith("vLLM is not installed") else LOG.info)("%s", note)
     if plan.merge is not None:
@@ -411,15 +422,16 @@ def release(lm: Any) -> None:
     """
     import gc
 
-    llm = getattr(lm, "model", None)
+    llm = getattr(lm, "model", None)  # vllm: the vllm.LLM; hf: the torch model (a property)
     engine = getattr(llm, "llm_engine", None)
     for owner in (engine, getattr(engine, "engine_core", None)):
         shutdown = getattr(owner, "shutdown", None)
         if callable(shutdown):
             shutdown()
             break
-    if hasattr(lm, "model"):
-        del lm.model
+    for attr in ("model", "_model"):  # the instance's own references (not properties)
+        if attr in vars(lm):
+            delattr(lm, attr)
     del llm, engine
     if importlib.util.find_spec("vllm") is not None and "vllm" in str(type(lm).__module__):
         from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
