@@ -79,6 +79,22 @@ class Output:
             os.dup2(self._saved[1], 2)
 
 
+def _cache_env_info() -> None:
+    """lm-eval records the environment in every results file (torch's collect_env: pip, lscpu and
+    friends, seconds of subprocesses). It does not change while the engine lives: gather it once."""
+    import lm_eval.evaluator
+
+    original = lm_eval.evaluator.add_env_info
+    cached: dict[str, Any] = {}
+
+    def add_env_info(storage: dict[str, Any]) -> None:
+        if not cached:
+            original(cached)
+        storage.update(cached)
+
+    lm_eval.evaluator.add_env_info = add_env_info
+
+
 class Engine:
     def __init__(self, exchange: Path) -> None:
         self.exchange = exchange
@@ -96,6 +112,7 @@ class Engine:
         from vllm_support import lm_eval_model
 
         setup_logging()
+        _cache_env_info()
         self.lm_eval = lm_eval
         self.registry = lm_eval.api.registry
         self.tracker_cls = EvaluationTracker
