@@ -141,6 +141,15 @@ def test_blackwell_gpus_merge_as_the_reference_does(tmp_path: Path) -> None:
     assert vs.merge_reasons(info, gpu_name="NVIDIA GB300") != []
 
 
+def test_visible_gpu_names_follow_cuda_visible_devices() -> None:
+    smi = ["NVIDIA H200", "NVIDIA B200", "NVIDIA H200"]
+    assert vs.visible_gpu_names(smi, None) == smi
+    assert vs.visible_gpu_names(smi, "0,2") == ["NVIDIA H200", "NVIDIA H200"]
+    assert vs.visible_gpu_names(smi, "1") == ["NVIDIA B200"]
+    assert vs.visible_gpu_names(smi, "") == []
+    assert vs.visible_gpu_names(smi, "GPU-5f2c") == smi
+
+
 def test_read_adapter_errors(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(vs.VllmSupportError, match=r"no adapter_config\.json"):

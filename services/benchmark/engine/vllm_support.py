@@ -30,8 +30,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import struct
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -303,16 +305,34 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def visible_gpu_names(smi_names: list[str], cuda_visible_devices: str | None) -> list[str]:
+    """Of the names ``nvidia-smi`` lists (by index), those this process may use."""
+    if cuda_visible_devices is None or not cuda_visible_devices.strip():
+        return list(smi_names) if cuda_visible_devices is None else []
+    picked: list[str] = []
+    for item in cuda_visible_devices.split(","):
+        item = item.strip()
+        if item.isdigit() and int(item) < len(smi_names):
+            picked.append(smi_names[int(item)])
+        elif item and not item.isdigit():
+            return list(smi_names)  # UUIDs or MIG ids: any of them may be ours
+    return picked
+
+
 def detect_gpu_name() -> str | None:
-    """The first visible GPU's name through torch (None without torch or CUDA)."""
+    """The visible GPUs' names from ``nvidia-smi`` (as the reference reads them), joined; None when
+    it cannot tell. Not through torch: that would create a CUDA context in the engine's process,
+    holding GPU memory and forcing vLLM to spawn rather than fork its workers."""
     try:
-        import torch
-    except ImportError:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    try:
-        return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
-    except RuntimeError:
+    if proc.returncode != 0:
         return None
+    names = visible_gpu_names([line.strip() for line in proc.stdout.splitlines() if line.strip()],
+                              os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return ", ".join(names) or None
 
 
 def _has_tokenizer(folder: Path) -> bool:
