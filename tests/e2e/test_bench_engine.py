@@ -4,7 +4,10 @@ warm between jobs, killed on a timeout and started afresh for the next job."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -113,6 +116,32 @@ async def test_one_load_per_job_splits_one_at_a_time_and_warm_between_jobs(
         assert engine.starts == 2
         assert third["validation"].engine_pid != first["validation"].engine_pid
         assert third["validation"].result.exit_code == 0 and third["test"].loads == 1
+
+        # An engine that died between jobs is started afresh for the next one.
+        os.kill(third["validation"].engine_pid, signal.SIGKILL)
+        resident = engine._resident
+        assert resident is not None
+        for _ in range(200):
+            if await resident.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        fourth = await engine.run(spec, base, _splits(real_assets)[:1], tmp_path / "w5", device="cpu",
+                                  timeout_s=600)
+        assert fourth["validation"].result.exit_code == 0 and engine.starts == 3
+
+        # A cancel (a user's, or the worker stopping) kills the engine in the middle of a split and
+        # takes the split's files out of its view.
+        job = asyncio.create_task(engine.run(spec, base, _splits(real_assets), tmp_path / "w6", device="cpu",
+                                             timeout_s=600))
+        for _ in range(600):
+            if any(p.name.startswith("run-") for p in engine.exchange.iterdir()):
+                break
+            await asyncio.sleep(0.05)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert not engine.running
+        assert not [p for p in engine.exchange.iterdir() if p.name.startswith(("run-", "model-"))]
     finally:
         await engine.stop()
     assert not engine.root.exists()

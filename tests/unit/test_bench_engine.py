@@ -1,0 +1,50 @@
+"""The warm engine's worker side without the toolchain: what of a model the engine gets to see.
+(The engine itself, with the real lm-eval: tests/e2e/test_bench_engine.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.benchmark.warm import ENGINE_SCRIPT, WarmEngine, _link_files
+from shared.runner import LocalRunner
+from shared.settings import Settings
+
+
+def test_candidate_files_are_linked_in_and_symlinks_left_out(tmp_path: Path) -> None:
+    source = tmp_path / "output"
+    source.mkdir()
+    (source / "adapter_model.safetensors").write_bytes(b"weights")
+    (source / "adapter_config.json").write_text("{}")
+    (source / "checkpoint-10").mkdir()
+    secret = tmp_path / "benchmarks" / "test.jsonl"
+    secret.parent.mkdir()
+    secret.write_text("hidden")
+    (source / "tokenizer.json").symlink_to(secret)
+
+    dest = tmp_path / "exchange" / "model-1" / "peft"
+    _link_files(source, dest)
+
+    assert sorted(p.name for p in dest.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    # A hard link: no copy of a multi-gigabyte model.
+    assert (dest / "adapter_model.safetensors").stat().st_ino == (source / "adapter_model.safetensors").stat().st_ino
+
+
+def test_base_models_are_seen_in_place_anything_else_through_the_exchange(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", assets_dir=tmp_path / "assets")
+    base = settings.assets / "models" / "tiny"
+    base.mkdir(parents=True)
+    (base / "config.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{}")
+    engine = WarmEngine(LocalRunner([]), settings, tmp_path / "engine")
+
+    assert engine._visible(base, engine.exchange / "m") == base.resolve()
+    assert engine._visible(elsewhere, engine.exchange / "m") == engine.exchange / "m"
+    assert (engine.exchange / "m" / "config.json").is_file()
+
+
+def test_the_engine_script_imports_nothing_of_ftbus() -> None:
+    text = ENGINE_SCRIPT.read_text()
+    for package in ("services", "shared", "ftbus."):
+        assert f"from {package}" not in text and f"import {package}" not in text
