@@ -198,6 +198,28 @@ def test_vllm_plan_serves_a_plain_lora_unmerged(tmp_path: Path) -> None:
     assert any("unmerged" in n for n in plan.notes)
 
 
+def test_vllm_args_are_what_the_installed_lm_eval_vllm_model_takes(tmp_path: Path) -> None:
+    """lm-eval's vllm model cannot be imported without vLLM: read its constructor from the source."""
+    import ast
+
+    python = _toolchain_python()
+    proc = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('lm_eval').origin)"],
+                          capture_output=True, text=True, timeout=120)
+    source = Path(proc.stdout.strip()).parent / "models" / "vllm_causallms.py"
+    if not source.is_file():
+        pytest.skip(f"this lm-eval has no vllm model source at {source}")
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    init = next(node for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) and cls.name == "VLLM"
+                for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    named = {a.arg for a in init.args.args + init.args.kwonlyargs}
+    assert init.args.kwarg is not None  # the rest goes to vllm.LLM(**kwargs)
+    adapter = _adapter(tmp_path, r=8)
+    plan = vs.plan_model(str(_model(tmp_path)), str(adapter), device="cuda", gpus=2, dtype=None,
+                         scratch=str(tmp_path), vllm_installed=True, max_model_len=512)
+    passed_to_llm = {"gpu_memory_utilization", "enforce_eager"}  # vllm.LLM / EngineArgs fields
+    assert set(plan.args) - passed_to_llm <= named, set(plan.args) - passed_to_llm - named
+
+
 def test_vllm_plan_merges_a_modules_to_save_adapter(tmp_path: Path) -> None:
     model = _model(tmp_path)
     adapter = _adapter(tmp_path, modules_to_save=["embed_tokens", "lm_head"])
