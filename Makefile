@@ -6,7 +6,7 @@ TOOLCHAIN := .toolchain
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos
+.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos gpu-check
 
 install: $(STAMP)
 
@@ -79,6 +79,12 @@ test-e2e: install toolchain sandbox-for-tests
 bench: install toolchain sandbox-for-tests
 	$(BIN)/python bench/table.py
 	$(BIN)/python bench/soak.py
+
+# The GPU path end to end (lm-eval's vLLM model, a LoRA served unmerged and a modules_to_save one merged,
+# tensor parallelism from the GPUs given) on a small model built here, < 10 min, offline. Needs a GPU and a
+# toolchain with CUDA torch + vLLM (FTBUS_TOOLCHAIN_BIN); exits 3, saying what is missing, where it cannot run.
+gpu-check:
+	bash deploy/gpu/check.sh $(GPU_CHECK_ARGS)
 
 # Requests under scheduled faults on a 3-node nats-server cluster, then the checker's table
 # (lost, duplicated, wrong, error verdicts, leftovers, latency); ~10 min on 2 cores. See docs/operations.md.
