@@ -15,7 +15,10 @@ Written with the docker SDK (blocking calls, each in a thread). Inside the conta
 - **lifecycle**: output streams into the stage log as it is printed; a timeout or a cancel kills
   the container (exit 124 / 130); the container is removed after every run; containers are
   labelled with request id, stage and owning worker, and a worker starting on a host removes those
-  whose owner died (:func:`reap_containers`).
+  whose owner died (:func:`reap_containers`);
+- **resident containers** (:meth:`DockerRunner.start_resident`): the same isolation for one
+  long-lived container a stage keeps between messages (the warm benchmark engine), its mounts
+  fixed at start, killed on a timeout or cancel by its stage and reaped like the others.
 """
 
 from __future__ import annotations
