@@ -116,6 +116,8 @@ class Stand:
             "log_format": "json",
             "log_level": self.log_level,
         }
+        if "bench_engine" in Settings.model_fields:
+            values["bench_engine"] = "cold"  # the stand-in lm_eval is a command, one process per split
         self.settings = Settings(**values)  # type: ignore[arg-type]
         env = service_env(values)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
@@ -265,7 +267,15 @@ def main() -> None:
     parser.add_argument("--timings", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, default=None)
     args = parser.parse_args()
-    asyncio.run(_worker(args.worker, args.timings, args.concurrency))
+    profile_dir = os.environ.get("BENCH_PROFILE_DIR")  # a folder: each worker's cProfile stats go there
+    if not profile_dir:
+        asyncio.run(_worker(args.worker, args.timings, args.concurrency))
+        return
+    import cProfile
+
+    with cProfile.Profile() as prof:
+        asyncio.run(_worker(args.worker, args.timings, args.concurrency))
+    prof.dump_stats(str(Path(profile_dir) / f"{args.worker}.prof"))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def _run(coro: Awaitable[int]) -> None:
     raise typer.Exit(code)
 
 
-async def run_services(bus: Bus, stages: list[Stage], concurrency: int, stop: asyncio.Event) -> None:
+async def run_services(bus: Bus, stages: list[Stage], concurrency: int | None, stop: asyncio.Event) -> None:
+    """Run ``stages`` here until ``stop``; ``concurrency`` None: each stage's own (its spec, settings)."""
     tasks = [
         asyncio.create_task(spec.run(bus, stop, concurrency, PIPELINE), name=spec.stage.value)
         for spec in PIPELINE
@@ -114,7 +115,9 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 def up(
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
-    concurrency: Annotated[int, typer.Option(help="Workers per stage in this process.")] = 1,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Messages each stage handles at once, overriding every stage's own default "
+        "(light stages many, train and bench one; setting stage_concurrency).")] = None,
 ) -> None:
     """Start everything on this machine: an embedded nats-server (unless --nats-url) and all five services."""
     settings = _settings(config, nats_url)
@@ -173,7 +176,9 @@ def _print_sandbox(settings: Settings) -> None:
 @app.command()
 def worker(
     stage: Annotated[Stage, typer.Argument(help="Which stage this worker runs.")],
-    concurrency: Annotated[int, typer.Option(help="Messages handled at once by this worker.")] = 1,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Messages handled at once by this worker. Default: the stage's own (light stages many, "
+        "train and bench one; setting stage_concurrency).")] = None,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:

@@ -101,8 +101,14 @@ class Policy:
     async def stop(self) -> None:
         """The worker stops."""
 
-    async def skip(self, worker: StageWorker, request_id: str) -> bool:
-        """True: the message needs no handling (it is acked as it is)."""
+    async def lookup(self, worker: StageWorker, request_id: str) -> Any:
+        """Read what :meth:`skip` decides from (a KV entry, say). Every policy's lookup of a message
+        runs at once, so that a message waits for one round trip to the server, not one each."""
+        return None
+
+    async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
+        """True: the message needs no handling (it is acked as it is). ``looked``: what
+        :meth:`lookup` returned. The policies decide in their order."""
         return False
 
     async def started(self, ctx: StageContext) -> None:
@@ -125,16 +131,20 @@ class IdempotencyStore(Policy):
     """Stores what the handler published under (request_id, stage); a redelivery after a crash
     between store and ack republishes it instead of running the stage again."""
 
-    async def skip(self, worker: StageWorker, request_id: str) -> bool:
+    async def lookup(self, worker: StageWorker, request_id: str) -> bytes | None:
         bus = worker.bus
         kv = await bus.kv(bus.subjects.kv_stage_results(worker.stage))
         try:
             entry = await kv.get(_stage_key(request_id, worker.stage))
         except KeyNotFoundError:
+            return None
+        return entry.value or None
+
+    async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
+        if not looked:
             return False
-        if not entry.value:
-            return False
-        for subject, kind, payload in msgpack.unpackb(entry.value, raw=False):
+        bus = worker.bus
+        for subject, kind, payload in msgpack.unpackb(looked, raw=False):
             await bus.publish(subject, codec.decode(payload), msg_id(request_id, worker.stage.value, kind))
         log.info("stage already done, republished its stored result")
         return True
@@ -149,9 +159,13 @@ class SkipCancelled(Policy):
     """A cancelled request is skipped, and its running work killed: on the cancel event (core
     NATS), and, since a worker cut off from the server misses that, on the status record."""
 
+    #: Cancels heard on the core subject that this worker remembers (the status record says it too).
+    MEMORY = 1024
+
     def __init__(self) -> None:
         self._worker: StageWorker | None = None
         self._sub: Any = None
+        self._seen: dict[str, None] = {}
 
     async def start(self, worker: StageWorker) -> None:
         self._worker = worker
@@ -162,8 +176,11 @@ class SkipCancelled(Policy):
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
-    async def skip(self, worker: StageWorker, request_id: str) -> bool:
-        if await is_cancelled(worker.bus, request_id):
+    async def lookup(self, worker: StageWorker, request_id: str) -> bool:
+        return request_id in self._seen or await is_cancelled(worker.bus, request_id)
+
+    async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
+        if looked:
             log.info("request was cancelled, skipping")
             return True
         return False
@@ -177,6 +194,9 @@ class SkipCancelled(Policy):
             event = codec.decode(msg.data, CancelRequested)
         except codec.CodecError:
             return  # the aggregator dead-letters bad control messages
+        self._seen[event.request_id] = None
+        while len(self._seen) > self.MEMORY:
+            self._seen.pop(next(iter(self._seen)))
         if self._worker is not None:
             self._worker.cancel_running(event.request_id, event.reason)
 
@@ -313,16 +333,25 @@ class StageWorker:
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage.value):
-            for policy in self.policies:
-                if await policy.skip(self, request_id):
+            looked = await asyncio.gather(*(policy.lookup(self, request_id) for policy in self.policies))
+            for policy, value in zip(self.policies, looked, strict=True):
+                if await policy.skip(self, request_id, value):
                     await msg.ack()
                     return
             await self._handle(msg, event, deliveries)
 
     async def _handle(self, msg: Msg, event: Any, deliveries: int) -> None:
+        workdir = self.bus.settings.work / self.stage.value / f"{event.request_id}-{deliveries}"
+        try:
+            await self._handle_in(workdir, msg, event, deliveries)
+        finally:
+            # Once the results are out and the message acked (a training's outputs take a while
+            # to delete), and off the event loop.
+            await asyncio.to_thread(_cleanup, workdir)
+
+    async def _handle_in(self, workdir: Path, msg: Msg, event: Any, deliveries: int) -> None:
         request_id: str = event.request_id
         artifacts = await self.bus.artifacts()
-        workdir = self.bus.settings.work / self.stage.value / f"{request_id}-{deliveries}"
         ctx = StageContext(
             self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject
         )
@@ -359,12 +388,15 @@ class StageWorker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-            _cleanup(workdir)
         try:
-            for policy in self.policies:
-                await policy.done(ctx, outgoing)
-            for out in outgoing:
-                await self.bus.publish(out.subject, out.event, msg_id(request_id, self.stage.value, out.kind))
+            # The stored result and the published events go out together, then the ack. Either
+            # order is safe: a redelivery finds the stored result and republishes it, or runs the
+            # stage again, and the de-duplication ids keep a second copy off the stream.
+            await asyncio.gather(
+                *(policy.done(ctx, outgoing) for policy in self.policies),
+                *(self.bus.publish(out.subject, out.event, msg_id(request_id, self.stage.value, out.kind))
+                  for out in outgoing),
+            )
             await msg.ack()
         except Exception:
             log.exception("publishing results failed, will retry")

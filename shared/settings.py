@@ -75,6 +75,17 @@ class Settings(BaseSettings):
     ack_wait_s: float = Field(default=60.0, gt=0, description="Redelivery deadline of an unacked message.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval; keep < ack_wait_s.")
     max_deliver: int = Field(default=5, ge=1, description="Attempts before a message is dead-lettered.")
+    stage_concurrency: dict[str, int] = Field(
+        default_factory=dict,
+        description="Messages one worker of a stage handles at once, by stage (data, train, bench, judge, "
+        "aggregate), over the stage's own default: data 32, judge 16, aggregate 32, train and bench 1 (one "
+        "per GPU: scale those with workers). `--concurrency` overrides both.",
+    )
+    data_concurrent_runs: int = Field(
+        default=2, ge=1,
+        description="process_data.py runs at once in one data worker; its pre-checks and cache hits are not "
+        "limited by this (they run at the stage's concurrency).",
+    )
     retry_backoff_s: list[float] = Field(
         default_factory=lambda: [2.0, 10.0, 30.0, 60.0], description="nak delays for infrastructure errors."
     )
@@ -114,6 +125,12 @@ class Settings(BaseSettings):
     )
     bench_max_items: int = Field(default=100, gt=0, description="Per subset and split (reference: 100).")
     bench_device: str = Field(default="auto", description="auto | cpu | cuda")
+    bench_engine: Literal["warm", "cold"] = Field(
+        default="warm",
+        description="lm-eval runs: warm, one long-lived engine per bench worker (harness imported once, one "
+        "model load per model and request, the splits one at a time); cold, a fresh `lm_eval` process per "
+        "split. OpenCompass always runs cold.",
+    )
     max_error_samples: int = Field(default=10, ge=0)
     error_sample_seed: int = 0
 
@@ -125,12 +142,6 @@ class Settings(BaseSettings):
         "refuses to start when no engine is reachable.",
     )
     sandbox_image: str = Field(
-    bench_engine: Literal["warm", "cold"] = Field(
-        default="warm",
-        description="lm-eval runs: warm, one long-lived engine per bench worker (harness imported once, one "
-        "model load per model and request, the splits one at a time); cold, a fresh `lm_eval` process per "
-        "split. OpenCompass always runs cold.",
-    )
         default="ftbus-sandbox:latest",
         description="Image for candidate code (`make sandbox`); any image with the toolchain on PATH, "
         "python3 and socat (deploy/docker/) works.",

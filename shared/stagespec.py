@@ -48,13 +48,26 @@ class StageSpec:
     disk_quota: Callable[[Settings], int] | None = None
     #: A service's own entry point (the aggregator's); by default one worker of this spec.
     entry: Callable[[Bus, asyncio.Event, int, Sequence[StageSpec]], Awaitable[None]] | None = None
+    #: Messages one worker handles at once unless told otherwise (``stage_concurrency``,
+    #: ``--concurrency``): many for a light stage, which mostly waits on the server, one for a
+    #: stage that holds a GPU (scale those with workers).
+    concurrency: int = 1
     #: Policies its worker runs besides :func:`shared.runtime.stage_policies` (e.g. the bench
     #: worker's warm engine, stopped when the worker stops).
     extra_policies: Callable[[], Sequence[Policy]] = tuple
 
-    async def run(self, bus: Bus, stop: asyncio.Event, concurrency: int = 1,
+    def concurrency_in(self, settings: Settings, override: int | None = None) -> int:
+        """How many messages a worker of this stage handles at once: ``override`` (``--concurrency``),
+        else the ``stage_concurrency`` setting, else the stage's own default."""
+        if override is not None:
+            return max(1, override)
+        return max(1, settings.stage_concurrency.get(self.stage.value, self.concurrency))
+
+    async def run(self, bus: Bus, stop: asyncio.Event, concurrency: int | None = None,
                   pipeline: Sequence[StageSpec] = ()) -> None:
-        """Run this stage until ``stop``; ``pipeline`` is every stage's spec (the aggregator reads it)."""
+        """Run this stage until ``stop``; ``pipeline`` is every stage's spec (the aggregator reads it).
+        ``concurrency``: messages handled at once, None for :meth:`concurrency_in`'s answer."""
+        concurrency = self.concurrency_in(bus.settings, concurrency)
         if self.entry is not None:
             await self.entry(bus, stop, concurrency, pipeline)
             return

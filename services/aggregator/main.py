@@ -26,4 +26,7 @@ SPEC = StageSpec(
     emits=lambda s: [s.verdict(), s.report(), s.dlq],
     handler=None,
     entry=run,
+    # Record updates of one request are serialised in the aggregator (and compare-and-set across
+    # aggregators): many requests' events at once.
+    concurrency=32,
 )

@@ -8,6 +8,12 @@ verdicts naming the stage. Every record update is a compare-and-set on the KV re
 verdict is claimed in the record before it is published: so any number of aggregator workers,
 crashing at any point, publish exactly one verdict per request (the verdict stream's
 one-message-per-subject rule enforces it a second time).
+
+One aggregator handles many events at once (its stage's concurrency), but never two of the same
+request: their updates queue on a lock of that request, so they do not race each other's
+compare-and-set. It remembers the records it wrote last (with their revisions), so that an update
+is one compare-and-set, not a read and a write; a record another aggregator changed meanwhile
+fails that compare-and-set and is read again.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +61,8 @@ log = get_logger("ftbus.aggregator")
 
 # Requests whose last progress write the aggregator remembers before it forgets the idle ones.
 PROGRESS_MEMORY = 256
+# Records (with their KV revision) the aggregator remembers from its own last writes.
+RECORD_MEMORY = 512
 
 RESULT_STAGE: dict[type, Stage] = {
     DataResult: Stage.data,
@@ -76,6 +85,8 @@ class Aggregator:
         self.stage_reads = dict(stage_reads or {})
         self._kv: KeyValue | None = None
         self._last_progress_write: dict[str, float] = {}
+        self._records: OrderedDict[str, tuple[RequestRecord, int]] = OrderedDict()
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -173,6 +184,10 @@ class Aggregator:
             return
         # Progress can come several times a second: write the record at most once a second,
         # but always on a state change (started/finished), which status and the sweeper rely on.
+        if event.state in ("finished", "failed"):
+            # The stage's result event (or the cancel) follows and updates the record: writing
+            # this one too would only race it.
+            return
         now = asyncio.get_running_loop().time()
         key = event.request_id
         if event.state == "running" and now - self._last_progress_write.get(key, 0.0) < 1.0:
@@ -207,40 +222,88 @@ class Aggregator:
             return None, None
         return RequestRecord.model_validate_json(entry.value), entry.revision
 
-    async def update(
-        self, request_id: str, mutate: Callable[[RequestRecord], None], *, create: bool = True
-    ) -> RequestRecord | None:
-        """Compare-and-set loop, then publish whatever the new record owes (verdict, report)."""
+    @contextlib.asynccontextmanager
+    async def _hold(self, request_id: str) -> AsyncIterator[None]:
+        """This request's lock: one update of a request at a time in this aggregator."""
+        lock, users = self._locks.get(request_id) or (asyncio.Lock(), 0)
+        self._locks[request_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[request_id]
+            if users <= 1:
+                del self._locks[request_id]
+            else:
+                self._locks[request_id] = (lock, users - 1)
+
+    def _remember(self, record: RequestRecord, revision: int) -> None:
+        self._records[record.request_id] = (record, revision)
+        self._records.move_to_end(record.request_id)
+        while len(self._records) > RECORD_MEMORY:
+            self._records.popitem(last=False)
+
+    async def _cas(
+        self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool, attempts: int
+    ) -> tuple[RequestRecord | None, bool]:
+        """Compare-and-set loop: (the record as written, True), (the record unchanged, False) when
+        ``mutate`` returns False, or (None, False) with no record and ``create`` off. Starts from the
+        remembered record when there is one (no read), else reads it."""
         kv = await self.kv()
-        for _ in range(100):
-            record, revision = await self.get(request_id)
+        for attempt in range(attempts):
+            remembered = self._records.pop(request_id, None)
+            if remembered is not None:
+                record, revision = remembered  # popped: a failed write reads it again
+            else:
+                record, revision = await self.get(request_id)
             if record is None:
                 if not create:
-                    return None
+                    return None, False
                 record = RequestRecord(request_id=request_id)
-            mutate(record)
+            if mutate(record) is False:
+                if revision is not None:
+                    self._remember(record, revision)
+                return record, False
             if record.verdict is not None and report_ready(record):
                 record.report = build_report(record)
             record.updated_at = utcnow()
             data = record.model_dump_json().encode()
             try:
                 if revision is None:
-                    await kv.create(request_id, data)
+                    written = await kv.create(request_id, data)
                 else:
-                    await kv.update(request_id, data, last=revision)
+                    written = await kv.update(request_id, data, last=revision)
             except KeyWrongLastSequenceError:
-                # Someone else updated it first: re-read and re-apply, after a little jitter so
-                # that several aggregator workers do not keep colliding.
-                await asyncio.sleep(random.uniform(0, 0.05))
+                if remembered is None and attempt:
+                    # Someone else updated it first: re-read and re-apply, after a little jitter so
+                    # that several aggregator workers do not keep colliding. (A remembered record
+                    # that was stale is simply read again.)
+                    await asyncio.sleep(random.uniform(0, 0.05))
                 continue
             except nats.js.errors.BadRequestError as exc:
                 if "wrong last sequence" in str(exc).lower():
                     continue
                 raise
-            await self._publish_status(record)
-            await self._publish_owed(record)
+            if isinstance(written, int):
+                self._remember(record, written)
+            return record, True
+        raise _Contention(attempts)
+
+    async def update(
+        self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool = True
+    ) -> RequestRecord | None:
+        """Compare-and-set loop, then publish whatever the new record owes (verdict, report).
+        ``mutate`` returns False when it changed nothing: then nothing is written."""
+        async with self._hold(request_id):
+            try:
+                record, changed = await self._cas(request_id, mutate, create=create, attempts=100)
+            except _Contention as exc:
+                raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
+            if record is None or not changed:
+                return record
+            # The public view and what the record owes are independent writes: both at once.
+            await asyncio.gather(self._publish_status(record), self._publish_owed(record))
             return record
-        raise RuntimeError(f"could not update the record of {request_id}: too much contention")
 
     async def _publish_status(self, record: RequestRecord) -> None:
         status_kv = await self.bus.kv(self.s.kv_status)
@@ -273,19 +336,21 @@ class Aggregator:
                 raise
 
     async def _mark(self, request_id: str, flag: str, attempts: int = 100) -> None:
-        kv = await self.kv()
-        for _ in range(attempts):
-            record, revision = await self.get(request_id)
-            if record is None or getattr(record, flag):
-                return
+        """Set ``flag`` on the record (the caller holds the request's lock)."""
+
+        def mark(record: RequestRecord) -> bool:
+            if getattr(record, flag):
+                return False
             setattr(record, flag, True)
-            try:
-                await kv.update(request_id, record.model_dump_json().encode(), last=revision)
-                return
-            except KeyWrongLastSequenceError:
-                continue
-        # Never give up silently: the caller's message is naked and the mark retried later.
-        raise RuntimeError(f"could not set {flag} on the record of {request_id}: {attempts} concurrent updates won")
+            return True
+
+        try:
+            await self._cas(request_id, mark, create=False, attempts=attempts)
+        except _Contention:
+            # Never give up silently: the caller's message is naked and the mark retried later.
+            raise RuntimeError(
+                f"could not set {flag} on the record of {request_id}: {attempts} concurrent updates won"
+            ) from None
 
     # ------------------------------------------------------------------ advisories
 
@@ -354,7 +419,8 @@ class Aggregator:
                 await self._publish_status(record)
             if record.verdict is not None:
                 if not record.verdict_published or (record.report and not record.report_published):
-                    await self._publish_owed(record)
+                    async with self._hold(key):
+                        await self._publish_owed(record)
                 elif record.report is None and now - record.updated_at > self._limit("bench"):
                     await self.update(key, _give_up_on_test)
                 continue
@@ -379,6 +445,10 @@ class Aggregator:
 
 
 # ---------------------------------------------------------------------- pure record transitions
+
+
+class _Contention(Exception):
+    """Every compare-and-set of a record lost."""
 
 
 def _claim(record: RequestRecord, verdict: Any) -> None:
@@ -439,9 +509,9 @@ def _on_dead_letter(record: RequestRecord, event: DeadLetter) -> None:
     _claim(record, error_verdict(record, stage, event.reason))
 
 
-def _on_progress(record: RequestRecord, event: Progress) -> None:
+def _on_progress(record: RequestRecord, event: Progress) -> bool:
     if record.terminal:
-        return
+        return False  # nothing to write
     stage = event.stage.value
     timing = _timing(record, stage)
     if event.state == "started":
@@ -450,6 +520,7 @@ def _on_progress(record: RequestRecord, event: Progress) -> None:
     record.status = "running"
     record.stage = stage
     record.progress = event
+    return True
 
 
 def _give_up_on_test(record: RequestRecord) -> None:

@@ -82,4 +82,6 @@ SPEC = StageSpec(
     accepts=(DataResult, TrainResult, BenchResult),
     emits=lambda s: [s.judge_completed],
     handler=handle,
+    # Reading logs and waiting on an LLM: many at once.
+    concurrency=16,
 )

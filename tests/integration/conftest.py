@@ -76,7 +76,8 @@ class Pipeline:
         self._stops: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, stages: list[Stage] | None = None, concurrency: int = 1) -> None:
+    async def start(self, stages: list[Stage] | None = None, concurrency: int | None = None) -> None:
+        """``concurrency`` None: each stage at its own default (light stages many messages at once)."""
         from ftbus.cli import run_services
 
         if self.bus is None:

@@ -1,0 +1,168 @@
+"""Light stages handle many messages at once by default, and every request still gets exactly one verdict.
+
+The data, judge and aggregator workers run at their stages' own concurrency (no override): a burst
+of requests goes through them side by side, and the aggregator, which assembles one verdict from
+several events of a request, handles events of the same request at once without a second verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ftbus.stages import BY_STAGE
+from services.aggregator.service import Aggregator
+from shared import codec
+from shared.bus import Bus
+from shared.events import CancelRequested, DeadLetter, Stage, TaskSpec, Verdict
+from shared.settings import Settings
+from tests.integration.conftest import Pipeline, write_workspace
+
+TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="double numbers")
+NO_BENCH = [Stage.data, Stage.train, Stage.judge, Stage.aggregate]
+
+
+def test_light_stages_take_many_messages_at_once_heavy_ones_one() -> None:
+    settings = Settings()
+    assert BY_STAGE[Stage.data].concurrency_in(settings) > 1
+    assert BY_STAGE[Stage.judge].concurrency_in(settings) > 1
+    assert BY_STAGE[Stage.aggregate].concurrency_in(settings) > 1
+    assert BY_STAGE[Stage.train].concurrency_in(settings) == 1
+    assert BY_STAGE[Stage.bench].concurrency_in(settings) == 1
+    # The setting, then --concurrency, override the stage's own.
+    tuned = Settings(stage_concurrency={"judge": 3, "train": 2})
+    assert BY_STAGE[Stage.judge].concurrency_in(tuned) == 3
+    assert BY_STAGE[Stage.train].concurrency_in(tuned) == 2
+    assert BY_STAGE[Stage.judge].concurrency_in(tuned, 5) == 5
+
+
+async def _verdict_copies(bus: Bus) -> tuple[Any, dict[str, list[bytes]]]:
+    """Every verdict message published (a copy the stream refused included), by request id."""
+    seen: dict[str, list[bytes]] = {}
+
+    async def on_msg(msg: Any) -> None:
+        seen.setdefault(msg.subject.rsplit(".", 1)[-1], []).append(msg.data)
+
+    sub = await bus.nc.subscribe(bus.subjects.verdict("*"), cb=on_msg)
+    await bus.nc.flush()
+    return sub, seen
+
+
+async def _stored_verdicts(bus: Bus) -> dict[str, int]:
+    """Messages in the verdict stream, by request id."""
+    info = await bus.js.stream_info(bus.subjects.stream_verdicts, subjects_filter=">")
+    return {subject.rsplit(".", 1)[-1]: count for subject, count in (info.state.subjects or {}).items()}
+
+
+async def _wait_until(check: Any, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_burst_through_concurrent_light_stages_gets_one_verdict_each(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings = settings.model_copy(update={"data_concurrent_runs": 4})
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    # process_data.py notes when it runs (the local sandbox lets it write there): the runs of a burst
+    # overlap when the data stage takes many messages at once.
+    script = (
+        "import json, os, time\n"
+        f"mark = {str(spans)!r} + '/' + str(os.getpid())\n"
+        "start = time.time()\n"
+        "open(mark, 'w').write(json.dumps([start, None]))\n"
+        "time.sleep(1.5)\n"
+        "open(mark, 'w').write(json.dumps([start, time.time()]))\n"
+        "json.dump([{'instruction': f'add {i} and {i}', 'input': '', 'output': str(2 * i)} for i in range(20)],"
+        " open('data.json', 'w'))\n"
+    )
+    # Their training fails (no benchmark stage needed): data runs, then train, then the judge.
+    passing = [write_workspace(tmp_path / f"ok{i}", script=script + f"# {i}\n", train={"standin_fail": "stand-in"})
+               for i in range(4)]
+    refused = write_workspace(tmp_path / "refused", drop=("train.yaml",))
+    pipeline = Pipeline(settings)
+    try:
+        await pipeline.start(NO_BENCH)  # every stage at its own concurrency
+        assert pipeline.client is not None and pipeline.bus is not None
+        sub, copies = await _verdict_copies(pipeline.bus)
+        submitted = await asyncio.gather(
+            *(pipeline.client.submit(ws, TASK) for ws in passing),
+            *(pipeline.client.submit(refused, TASK) for _ in range(30)),
+        )
+        ok_ids, refused_ids = submitted[:4], submitted[4:]
+        verdicts = await asyncio.gather(*(pipeline.client.wait(rid, timeout_s=180) for rid in submitted))
+        await asyncio.sleep(1.0)  # a late second publish would show in the copies
+        await sub.unsubscribe()
+
+        for rid, verdict in zip(submitted, verdicts, strict=True):
+            if rid in refused_ids:
+                assert verdict.failed_stage == "precheck" and verdict.final_decision is False
+            else:
+                assert verdict.failed_stage == "training", verdict.failed_stage
+        assert set(ok_ids) | set(refused_ids) == set(submitted) and len(set(submitted)) == 34
+        stored = await _stored_verdicts(pipeline.bus)
+        assert {rid: stored.get(rid) for rid in submitted} == dict.fromkeys(submitted, 1)
+        for rid in submitted:
+            assert len({codec.decode(data, Verdict).model_dump_json() for data in copies[rid]}) == 1, rid
+
+        runs = [json.loads(p.read_text()) for p in spans.iterdir()]
+        assert len(runs) == 4 and all(end is not None for _, end in runs)
+        overlapping = max(sum(1 for s, e in runs if s <= start < e) for start, _ in runs)
+        assert overlapping >= 2, f"process_data.py runs never overlapped: {runs}"
+    finally:
+        await pipeline.stop()
+
+
+async def test_events_of_one_request_at_once_in_two_aggregators_make_one_verdict(settings: Settings) -> None:
+    """Each request gets a cancel and a dead letter at the same moment (a cancelled verdict and an
+    error verdict would both be owed), handled by two aggregators at their full concurrency."""
+    bus = await Bus.connect(settings)
+    await bus.ensure_topology()
+    stop = asyncio.Event()
+    aggregators = [Aggregator(bus, concurrency=BY_STAGE[Stage.aggregate].concurrency_in(settings))
+                   for _ in range(2)]
+    tasks = [asyncio.create_task(a.run(stop)) for a in aggregators]
+    try:
+        await asyncio.sleep(0.5)
+        sub, copies = await _verdict_copies(bus)
+        s = bus.subjects
+        rids = [f"race-{i:02d}" for i in range(40)]
+        for rid in rids:  # the records exist: each event below is an update of one
+            await aggregators[0].update(rid, lambda record: None)
+        publishes = []
+        for rid in rids:
+            publishes.append(bus.publish(s.cancel, CancelRequested(request_id=rid, reason="race"), f"{rid}:c"))
+            letter = DeadLetter(request_id=rid, original_subject=s.data_completed, stage=Stage.train,
+                                reason="the train stage failed 3 times")
+            publishes.append(bus.publish(s.dlq, letter, f"{rid}:dlq"))
+        await asyncio.gather(*publishes)
+
+        async def all_in() -> bool:
+            return set(await _stored_verdicts(bus)) >= set(rids)
+
+        await _wait_until(all_in, 60)
+        await asyncio.sleep(1.0)
+        await sub.unsubscribe()
+        stored = await _stored_verdicts(bus)
+        assert {rid: stored[rid] for rid in rids} == dict.fromkeys(rids, 1)
+        for rid in rids:
+            shown = {codec.decode(data, Verdict).model_dump_json() for data in copies[rid]}
+            assert len(shown) == 1, f"{rid}: two different verdicts published"
+            record, _ = await aggregators[0].get(rid)
+            assert record is not None and record.verdict is not None and record.verdict_published
+            kept = Verdict.model_validate_json(shown.pop())
+            assert kept.status == record.verdict.status
+            assert kept.status in ("cancelled", "error")
+    finally:
+        stop.set()
+        for task in tasks:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, timeout=15)
+        await bus.close()
