@@ -115,7 +115,8 @@ class Settings(BaseSettings):
 
     # ------------------------------------------------------------------ candidate code
     passthrough_env: list[str] = Field(
-        default_factory=lambda: ["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HOME"],
+        # CUDA_VISIBLE_DEVICES: a local engine or training must use the GPUs this worker was given.
+        default_factory=lambda: ["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "HF_HOME", "CUDA_VISIBLE_DEVICES"],
         description="Host variables that candidate processes may see; everything else is scrubbed.",
     )
     train_command: str = Field(default="llamafactory-cli train train.yaml")

@@ -109,7 +109,7 @@ class Engine:
         from lm_eval.utils import handle_non_serializable, make_table, setup_logging
 
         sys.path.insert(0, str(HERE))
-        from vllm_support import lm_eval_model
+        from vllm_support import lm_eval_model, release
 
         setup_logging()
         _cache_env_info()
@@ -120,6 +120,7 @@ class Engine:
         self.non_serializable = handle_non_serializable
         self.make_table = make_table
         self.lm_eval_model = lm_eval_model
+        self.release = release
         write_json(exchange / "engine.json", {"pid": os.getpid(), "imported_s": round(time.monotonic() - started, 3)})
         print(f"[engine] harness imported in {time.monotonic() - started:.1f} s", flush=True)
 
@@ -178,6 +179,10 @@ class Engine:
                 "ok": error is None, "error": error, "loads": loads, "listing": listing,
                 "seconds": round(time.monotonic() - started, 3), "pid": os.getpid(),
             })
+        if lm is not None:
+            # vLLM holds GPU memory and tensor-parallel state until shut down: free them before
+            # the next job loads its model (for hf this drops the model and empties the cache).
+            self.release(lm)
         del lm
 
     def _load(self, n: int, job: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
