@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.standin_pipeline import Stand, emit, median, workspace  # noqa: E402
+from bench.standin_pipeline import Stand, emit, median, stdout_to_stderr, workspace  # noqa: E402
 
 TARGET_RATIO = 1.10
 WORK_STAGES = ("data", "train", "bench", "judge")
@@ -96,7 +96,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ftbus-pipelining-") as tmp:
-        rows = asyncio.run(measure(args, Path(tmp)))
+        with stdout_to_stderr():  # --json: only the rows on stdout
+            rows = asyncio.run(measure(args, Path(tmp)))
     emit(rows, args.json, "pipelining")
 
 

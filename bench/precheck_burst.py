@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.standin_pipeline import Stand, emit, median, workspace  # noqa: E402
+from bench.standin_pipeline import Stand, emit, median, stdout_to_stderr, workspace  # noqa: E402
 
 TARGET_RPS = 300.0
 
@@ -33,6 +33,7 @@ async def burst(stand: Stand, root: Path, n: int, tag: str) -> tuple[float, list
     events = [await stand.upload(ws, f"{tag}{i:03d}-{secrets.token_hex(3)}") for i in range(n)]
     wanted = {e.request_id for e in events}
     start = time.time()
+    burst.started = start  # type: ignore[attr-defined]
     await asyncio.gather(*(stand.publish(e) for e in events))
     latencies: list[float] = []
     seen: set[str] = set()
@@ -50,7 +51,22 @@ async def burst(stand: Stand, root: Path, n: int, tag: str) -> tuple[float, list
 async def measure(n: int, root: Path) -> list[dict[str, object]]:
     async with Stand(root) as stand:
         await burst(stand, root, 10, "warm")  # imports, first connections
+        cpu_before = stand.cpu_seconds()
         elapsed, latencies = await burst(stand, root, n, "burst")
+        cpu = {k: v - cpu_before.get(k, 0.0) for k, v in stand.cpu_seconds().items()}
+        print("CPU seconds during the burst: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()), file=sys.stderr)
+        t_start = burst.started  # type: ignore[attr-defined]
+        await asyncio.sleep(0.3)
+        times = stand.stage_times()
+        spans = stand.spans()
+        for st in ("data", "judge"):
+            starts = sorted(v[st][0] for rid, v in spans.items() if rid.startswith("burst") and st in v)
+            if starts:
+                marks = [f"{1000 * (starts[int(q * (len(starts) - 1))] - t_start):.0f}" for q in (0, 0.5, 1)]
+                print(f"{st} handlers start at (ms after the first publish, first/median/last): {marks}",
+                      file=sys.stderr)
+        handler_ms = {st: median([1000 * t[st] for rid, t in times.items() if rid.startswith("burst") and st in t])
+                      for st in ("data", "judge")}
         # One on its own, for its latency.
         singles = [(await burst(stand, root, 1, f"one{i}-"))[0] for i in range(5)]
     rps = n / elapsed
@@ -61,6 +77,8 @@ async def measure(n: int, root: Path) -> list[dict[str, object]]:
          "target": None, "met": None},
         {"measure": f"pre-check failures, {n} at once: median request to verdict",
          "value": f"{median(latencies) * 1000:.0f} ms", "target": None, "met": None},
+        {"measure": f"pre-check failures, {n} at once: stage handlers (median)",
+         "value": ", ".join(f"{st} {ms:.1f} ms" for st, ms in handler_ms.items()), "target": None, "met": None},
         {"measure": "pre-check failure alone: request to verdict (median)",
          "value": f"{median(singles) * 1000:.1f} ms", "target": None, "met": None},
     ]
@@ -72,7 +90,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ftbus-precheck-") as tmp:
-        rows = asyncio.run(measure(args.requests, Path(tmp)))
+        with stdout_to_stderr():  # --json: only the rows on stdout
+            rows = asyncio.run(measure(args.requests, Path(tmp)))
     emit(rows, args.json, "pre-check failure throughput")
 
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,19 @@ class Stand:
         if self.server is not None:
             self.server.stop()
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) each worker process has used so far, and the server's."""
+        tick = os.sysconf("SC_CLK_TCK")
+        pids = dict(zip(STAGES, (p.pid for p in self.procs), strict=True))
+        if self.server is not None and self.server.pid:
+            pids["nats-server"] = self.server.pid
+        out = {}
+        for name, pid in pids.items():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
     # ------------------------------------------------------------------ requests
 
     async def upload(self, workspace: Path, rid: str) -> Any:
@@ -241,6 +255,22 @@ def workspace(root: Path, *, kind: str = "pass", data_sleep_s: float = 0.0, step
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Everything written to stdout meanwhile (child processes included) goes to stderr: with
+    ``--json``, stdout carries only the rows."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def emit(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:

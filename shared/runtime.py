@@ -269,6 +269,7 @@ class StageWorker:
         filters: Sequence[str],
         policies: Sequence[Policy] | None = None,
         dead_letter: DeadLetterRule = always_dead_letter,
+        log_each: bool = True,
     ) -> None:
         self.bus = bus
         self.stage = stage
@@ -285,6 +286,9 @@ class StageWorker:
         self.filters = list(filters)
         self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
         self.dead_letter = dead_letter
+        #: Log every message's start and end at INFO (a stage's runs); off: at DEBUG (the
+        #: aggregator's several events per request, which log what they change themselves).
+        self._note = log.info if log_each else log.debug
         self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}
         self._cancelled: set[str] = set()
 
@@ -355,7 +359,7 @@ class StageWorker:
         ctx = StageContext(
             self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject
         )
-        log.info("stage started", delivery=deliveries, subject=msg.subject)
+        self._note("stage started", delivery=deliveries, subject=msg.subject)
         for policy in self.policies:
             await policy.started(ctx)
         heartbeat = asyncio.create_task(self._heartbeat(msg, request_id))
@@ -405,7 +409,7 @@ class StageWorker:
             return
         for policy in self.policies:
             await policy.finished(ctx, outgoing)
-        log.info("stage finished", published=[o.subject for o in outgoing])
+        self._note("stage finished", published=[o.subject for o in outgoing])
 
     def _backoff(self, deliveries: int) -> float:
         steps = self.bus.settings.retry_backoff_s or [1.0]

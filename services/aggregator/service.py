@@ -23,7 +23,7 @@ import contextlib
 import json
 import random
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -87,6 +87,11 @@ class Aggregator:
         self._last_progress_write: dict[str, float] = {}
         self._records: OrderedDict[str, tuple[RequestRecord, int]] = OrderedDict()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._queued: dict[str, list[tuple[Callable[[RequestRecord], bool | None], bool, Any]]] = {}
+        # Progress writes in flight: a subscription's callbacks run one after the other, so each
+        # write runs as a task of its own (a request's writes keep their order on its lock).
+        self._progress_slots = asyncio.Semaphore(max(1, concurrency))
+        self._progress_tasks: set[asyncio.Task[None]] = set()
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -107,10 +112,11 @@ class Aggregator:
         ]
         workers = [
             StageWorker(self.bus, Stage.aggregate, self.on_event, accepts, concurrency=self.concurrency,
-                        stream=stream, durable=name, filters=filters, policies=(), dead_letter=rule)
+                        stream=stream, durable=name, filters=filters, policies=(), dead_letter=rule,
+                        log_each=False)
             for stream, name, filters, accepts, rule in consumers
         ]
-        progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
+        progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._spawn_progress)
         tasks = [
             *(asyncio.create_task(worker.run(stop)) for worker in workers),
             asyncio.create_task(self._advisories(stop)),
@@ -124,6 +130,9 @@ class Aggregator:
             await asyncio.gather(*tasks, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
+            for pending in list(self._progress_tasks):
+                pending.cancel()
+            await asyncio.gather(*self._progress_tasks, return_exceptions=True)
 
     def _dead_letters_here(self, subject: str) -> str | None:
         """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
@@ -176,6 +185,17 @@ class Aggregator:
         else:
             await self.update(rid, lambda r: _on_stage_result(r, event))
         return []
+
+    async def _spawn_progress(self, msg: Any) -> None:
+        await self._progress_slots.acquire()  # bounded: past it, progress waits here
+        task = asyncio.create_task(self._on_progress(msg))
+        self._progress_tasks.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._progress_tasks.discard(finished)
+            self._progress_slots.release()
+
+        task.add_done_callback(done)
 
     async def _on_progress(self, msg: Any) -> None:
         try:
@@ -293,17 +313,47 @@ class Aggregator:
         self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool = True
     ) -> RequestRecord | None:
         """Compare-and-set loop, then publish whatever the new record owes (verdict, report).
-        ``mutate`` returns False when it changed nothing: then nothing is written."""
+        ``mutate`` returns False when it changed nothing: then nothing is written.
+
+        Group commit: the updates of a request that queue while one of its writes is under way
+        are applied together, in their order, by the next write (one compare-and-set and one
+        public view for all of them); each caller returns once its own change is written."""
+        done: asyncio.Future[RequestRecord | None] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(request_id, []).append((mutate, create, done))
         async with self._hold(request_id):
-            try:
-                record, changed = await self._cas(request_id, mutate, create=create, attempts=100)
-            except _Contention as exc:
-                raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
-            if record is None or not changed:
-                return record
-            # The public view and what the record owes are independent writes: both at once.
-            await asyncio.gather(self._publish_status(record), self._publish_owed(record))
+            if not done.done():  # nobody wrote it yet: write everything queued for this request
+                batch = self._queued.pop(request_id, [])
+                try:
+                    record = await self._write(request_id, batch)
+                except BaseException as exc:
+                    for _, _, waiter in batch:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
+                    raise
+                for _, _, waiter in batch:
+                    if not waiter.done():
+                        waiter.set_result(record)
+        return done.result()
+
+    async def _write(
+        self, request_id: str, batch: list[tuple[Callable[[RequestRecord], bool | None], bool, Any]]
+    ) -> RequestRecord | None:
+        def mutate_all(record: RequestRecord) -> bool:
+            changed = False
+            for mutate, _, _ in batch:
+                changed = (mutate(record) is not False) or changed
+            return changed
+
+        try:
+            record, changed = await self._cas(request_id, mutate_all, create=any(c for _, c, _ in batch),
+                                              attempts=100)
+        except _Contention as exc:
+            raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
+        if record is None or not changed:
             return record
+        # The public view and what the record owes are independent writes: both at once.
+        await asyncio.gather(self._publish_status(record), self._publish_owed(record))
+        return record
 
     async def _publish_status(self, record: RequestRecord) -> None:
         status_kv = await self.bus.kv(self.s.kv_status)
@@ -312,19 +362,28 @@ class Aggregator:
     async def _publish_owed(self, record: RequestRecord) -> None:
         rid = record.request_id
         with bound(request_id=rid, stage=Stage.aggregate.value):
+            # Both at once when both are owed (a request that failed before the benchmark), then
+            # one mark for both; a crash in between publishes them again, and the streams keep one.
+            owed: dict[str, Awaitable[None]] = {}
             if record.verdict is not None and not record.verdict_published:
-                await self._publish_once(self.s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
+                owed["verdict_published"] = self._publish_once(
+                    self.s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
+            if record.report is not None and not record.report_published:
+                owed["report_published"] = self._publish_once(
+                    self.s.report(rid), record.report, f"{rid}:aggregate:report")
+            if not owed:
+                return
+            await asyncio.gather(*owed.values())
+            if record.verdict is not None and "verdict_published" in owed:
                 log.info(
                     "verdict published",
                     status=record.verdict.status,
                     final_decision=record.verdict.final_decision,
                     failed_stage=record.verdict.failed_stage,
                 )
-                await self._mark(rid, "verdict_published")
-            if record.report is not None and not record.report_published:
-                await self._publish_once(self.s.report(rid), record.report, f"{rid}:aggregate:report")
+            if record.report is not None and "report_published" in owed:
                 log.info("report published", has_test=record.report.benchmark_test is not None)
-                await self._mark(rid, "report_published")
+            await self._mark(rid, *owed)
 
     async def _publish_once(self, subject: str, event: Any, msg_id: str) -> None:
         try:
@@ -335,13 +394,14 @@ class Aggregator:
             if "maximum messages per subject" not in str(exc).lower():
                 raise
 
-    async def _mark(self, request_id: str, flag: str, attempts: int = 100) -> None:
-        """Set ``flag`` on the record (the caller holds the request's lock)."""
+    async def _mark(self, request_id: str, *flags: str, attempts: int = 100) -> None:
+        """Set ``flags`` on the record (the caller holds the request's lock)."""
 
         def mark(record: RequestRecord) -> bool:
-            if getattr(record, flag):
+            if all(getattr(record, flag) for flag in flags):
                 return False
-            setattr(record, flag, True)
+            for flag in flags:
+                setattr(record, flag, True)
             return True
 
         try:
@@ -349,7 +409,7 @@ class Aggregator:
         except _Contention:
             # Never give up silently: the caller's message is naked and the mark retried later.
             raise RuntimeError(
-                f"could not set {flag} on the record of {request_id}: {attempts} concurrent updates won"
+                f"could not set {', '.join(flags)} on the record of {request_id}: {attempts} concurrent updates won"
             ) from None
 
     # ------------------------------------------------------------------ advisories
