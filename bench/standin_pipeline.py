@@ -10,7 +10,9 @@ all of its time is orchestration.
 
     python bench/standin_pipeline.py --worker STAGE --timings FILE [--concurrency N]
 
-is that worker process (started by :class:`Stand`, not by hand).
+is that worker process (started by :class:`Stand`, not by hand). Diagnostics: ``BENCH_LOG_LEVEL``
+sets the workers' log level (default INFO, as deployed); ``BENCH_PROFILE_DIR`` makes each worker
+write its cProfile stats there (``<stage>.prof``).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class Stand:
             "nats_url": url,
             "sandbox": "local",
             "log_format": "json",
-            "log_level": self.log_level,
+            "log_level": os.environ.get("BENCH_LOG_LEVEL", self.log_level),
         }
         if "bench_engine" in Settings.model_fields:
             values["bench_engine"] = "cold"  # the stand-in lm_eval is a command, one process per split
