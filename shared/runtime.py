@@ -291,6 +291,7 @@ class StageWorker:
         self._note = log.info if log_each else log.debug
         self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}
         self._cancelled: set[str] = set()
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -309,6 +310,8 @@ class StageWorker:
         finally:
             for policy in self.policies:
                 await policy.stop()
+            if self._cleanups:  # working folders still being deleted
+                await asyncio.gather(*self._cleanups, return_exceptions=True)
             log.info("worker stopped", stage=self.stage.value)
 
     def cancel_running(self, request_id: str, reason: str) -> None:
@@ -349,9 +352,11 @@ class StageWorker:
         try:
             await self._handle_in(workdir, msg, event, deliveries)
         finally:
-            # Once the results are out and the message acked (a training's outputs take a while
-            # to delete), and off the event loop.
-            await asyncio.to_thread(_cleanup, workdir)
+            # Once the results are out and the message acked, off the event loop, and without
+            # holding up this loop's next message (a training's outputs take a while to delete).
+            task = asyncio.create_task(asyncio.to_thread(_cleanup, workdir))
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
 
     async def _handle_in(self, workdir: Path, msg: Msg, event: Any, deliveries: int) -> None:
         request_id: str = event.request_id
