@@ -379,6 +379,8 @@ def test_ftbus_up_serves_the_dashboard_and_prints_its_url(tmp_path: Path, standi
         "FTBUS_HOME": str(home), "FTBUS_ASSETS_DIR": str(assets_dir), "FTBUS_TOOLCHAIN_BIN": str(standin_bin),
         "FTBUS_LOG_FORMAT": "json", "FTBUS_DASHBOARD_PORT": "0",
         "FTBUS_SANDBOX": os.environ.get("FTBUS_SANDBOX", "local"),  # the stand-in tools run on the host
+        # The stand-in `lm_eval` is a command: the warm engine imports the real harness.
+        "FTBUS_BENCH_ENGINE": os.environ.get("FTBUS_BENCH_ENGINE", "cold"),
     }
     log_path = tmp_path / "up.log"
     with log_path.open("wb") as log:
