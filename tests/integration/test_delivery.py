@@ -140,6 +140,7 @@ def ftbus_env(settings: Settings) -> dict[str, str]:
             "FTBUS_ASSETS_DIR": str(settings.assets_dir),
             "FTBUS_TOOLCHAIN_BIN": str(settings.toolchain_bin),
             "FTBUS_SANDBOX": settings.sandbox,
+            "FTBUS_BENCH_ENGINE": settings.bench_engine,
             "FTBUS_ACK_WAIT_S": str(settings.ack_wait_s),
             "FTBUS_HEARTBEAT_S": str(settings.heartbeat_s),
             "FTBUS_MAX_DELIVER": str(settings.max_deliver),

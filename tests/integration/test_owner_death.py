@@ -36,6 +36,7 @@ def _env(home: Path, assets_dir: Path, standin_bin: Path) -> dict[str, str]:
         "FTBUS_LOG_FORMAT": "json",
         "FTBUS_LOG_LEVEL": "WARNING",
         "FTBUS_SANDBOX": "local",  # the stand-in tools run on the host (tests/conftest.py)
+        "FTBUS_BENCH_ENGINE": "cold",  # the stand-in `lm_eval` is a command, not the harness
         "FTBUS_DASHBOARD_IN_UP": "false",
     }
 

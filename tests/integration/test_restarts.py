@@ -30,6 +30,7 @@ def test_ftbus_up_records_its_url_and_submit_finds_it(tmp_path: Path, standin_bi
         "FTBUS_ASSETS_DIR": str(assets_dir),
         "FTBUS_TOOLCHAIN_BIN": str(standin_bin),
         "FTBUS_SANDBOX": "local",  # the stand-in tools live on the host (tests/conftest.py)
+        "FTBUS_BENCH_ENGINE": "cold",  # the stand-in `lm_eval` is a command, not the harness
         "FTBUS_LOG_FORMAT": "json",
     }
     up = subprocess.Popen([*FTBUS, "up"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
