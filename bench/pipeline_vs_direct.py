@@ -129,7 +129,7 @@ async def main() -> int:
         bus = await Bus.connect(settings)
         await bus.ensure_topology()
         stop = asyncio.Event()
-        services = asyncio.create_task(run_services(bus, list(Stage), 1, stop))
+        services = asyncio.create_task(run_services(bus, list(Stage), None, stop))  # each stage its own
         client = FtbusClient(bus)
         try:
             console.print("warm-up run (fills the baseline cache; not timed)")
