@@ -31,7 +31,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ftbus.assets import build_assets  # noqa: E402
+from bench.real_tools import real_tool_settings  # noqa: E402
 from ftbus.bus_client import FtbusClient  # noqa: E402
 from ftbus.embedded import EmbeddedServer  # noqa: E402
 from services.benchmark.lmeval import prepare_lm_eval_run  # noqa: E402
@@ -42,7 +42,6 @@ from services.data.env import data_processing_env  # noqa: E402
 from services.trainer.config import prepare_train_yaml  # noqa: E402
 from services.trainer.service import OFFLINE_ENV  # noqa: E402
 from shared.events import TaskSpec  # noqa: E402
-from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
 console = Console(stderr=True)
@@ -111,14 +110,7 @@ async def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="ftbus-bench-") as tmp:
         scratch = Path(tmp)
-        settings = Settings(home=scratch / "home", log_format="json", log_level="WARNING")
-        setup_logging(settings.log_format, settings.log_level)
-        toolchain = settings.toolchain_path()
-        if toolchain is None:
-            console.print("error: the toolchain is missing: run `make toolchain`")
-            return 2
-        console.print(f"building assets in {settings.assets}")
-        build_assets(settings.assets, toolchain / "python")
+        settings = real_tool_settings(scratch, console)
         server = EmbeddedServer(scratch / "nats")
         url = server.start()
         settings = settings.model_copy(update={"nats_url": url})

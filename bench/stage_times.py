@@ -33,11 +33,10 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ftbus.assets import build_assets  # noqa: E402
+from bench.real_tools import real_tool_settings  # noqa: E402
 from ftbus.bus_client import FtbusClient  # noqa: E402
 from ftbus.embedded import EmbeddedServer  # noqa: E402
 from shared.events import Progress, Stage, TaskSpec  # noqa: E402
-from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
 console = Console(stderr=True)
@@ -132,14 +131,7 @@ async def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ftbus-stage-times-") as tmp:
         scratch = Path(tmp)
         extra = {"sandbox": args.sandbox} if args.sandbox else {}
-        settings = Settings(home=scratch / "home", log_format="json", log_level="WARNING", **extra)
-        setup_logging(settings.log_format, settings.log_level)
-        toolchain = settings.toolchain_path()
-        if toolchain is None:
-            console.print("error: the toolchain is missing: run `make toolchain`")
-            return 2
-        console.print(f"building assets in {settings.assets}")
-        build_assets(settings.assets, toolchain / "python")
+        settings = real_tool_settings(scratch, console, **extra)
         sandbox = "local" if settings.sandbox == "local" else "docker"
         results = await measure(settings, args.example, scratch)
 
