@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import hypothesis  # noqa: F401  (see below)
 import pytest
+
+# Imported here, at collection, on purpose: otherwise hypothesis's pytest plugin imports it in the
+# terminal summary, deep in pluggy's call stack, where CPython 3.11.7's ast.parse (run by pytest's
+# assertion rewriting) can fail with "SystemError: AST constructor recursion depth mismatch" and
+# turn a green run of a few test files red.
 
 # Integration and delivery tests run the stand-in tools (tests/standin/) on the host: they are
 # about the bus, not isolation, so their workers use the local runner, chosen explicitly as a

@@ -326,8 +326,15 @@ class Aggregator:
                 try:
                     record = await self._write(request_id, batch)
                 except BaseException as exc:
+                    # The others queued behind this write learn how it ended; our own future is
+                    # left alone (we raise instead), and a cancelled write cancels theirs, so no
+                    # future is left holding an exception that nobody will retrieve.
                     for _, _, waiter in batch:
-                        if not waiter.done():
+                        if waiter is done or waiter.done():
+                            continue
+                        if isinstance(exc, asyncio.CancelledError):
+                            waiter.cancel()
+                        else:
                             waiter.set_exception(exc)
                     raise
                 for _, _, waiter in batch:
