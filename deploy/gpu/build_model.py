@@ -29,32 +29,12 @@ def _assets_module():
 
 
 def build(tokenizer_dir: Path, dest: Path, hidden: int, heads: int, layers: int) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
-    assets = _assets_module()
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=False, local_files_only=True)
     dest.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(dest))
-    torch.manual_seed(assets.SEED)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        max_position_embeddings=1024,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, assets.LM_HEAD_STD)
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(str(dest))
+    _assets_module().save_llama(tok, dest, hidden=hidden, heads=heads, layers=layers)
     if not (dest / "model.safetensors").is_file():
         raise SystemExit(f"{dest} has no model.safetensors")
 

@@ -275,9 +275,8 @@ def review_records(exclude_questions: set[str], n: int = 600) -> list[dict[str, 
 
 
 def build_tiny_model(dest: Path, corpus: list[str]) -> None:
-    import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     # Byte-level BPE over the full byte alphabet: any text encodes, nothing maps to <unk>.
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -300,18 +299,28 @@ def build_tiny_model(dest: Path, corpus: list[str]) -> None:
     fast.chat_template = DEFAULT_CHAT_TEMPLATE
     fast.save_pretrained(dest)
 
+    save_llama(fast, dest)
+
+
+def save_llama(tokenizer: Any, dest: Path, *, hidden: int = 64, heads: int = 4, layers: int = 2) -> None:
+    """A randomly initialised Llama for ``tokenizer`` (fixed seed), saved as safetensors in ``dest``.
+
+    The defaults are the tiny model's; deploy/gpu/build_model.py asks for wider heads."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(SEED)
     config = LlamaConfig(
-        vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=1024,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config)
@@ -321,7 +330,7 @@ def build_tiny_model(dest: Path, corpus: list[str]) -> None:
     # output layer gives the tiny model the dynamic range of a real one.
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, LM_HEAD_STD)
-    model.generation_config.pad_token_id = fast.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(dest, safe_serialization=True)
 
 
