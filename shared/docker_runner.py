@@ -48,7 +48,7 @@ from shared.runner import (
     RunResult,
     check_run,
 )
-from shared.sandbox import Sandbox, SandboxUnavailable, host_identity, owner_alive
+from shared.sandbox import Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
 
 log = get_logger("ftbus.sandbox")
 
@@ -93,26 +93,13 @@ def parse_size(text: str) -> int:
 
 
 def gpu_request(spec: str | None) -> list[DeviceRequest]:
-    """GPUs for a container: ``None``/``""`` none; ``all``; a count (``2``); device ids (``0,1``).
-
-    ``None`` also looks at ``CUDA_VISIBLE_DEVICES`` (the ids the worker was given), then at the
-    presence of an NVIDIA device (all of them)."""
-    if spec is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-        if visible and visible != "-1":
-            spec = visible
-        elif Path("/dev/nvidia0").exists():
-            spec = "all"
-        else:
-            return []
-    spec = spec.strip()
-    if not spec or spec == "none":
+    """GPUs for a container, as :func:`shared.sandbox.gpu_selection` reads ``spec``."""
+    selection = gpu_selection(spec)
+    if isinstance(selection, list):
+        return [DeviceRequest(device_ids=selection, capabilities=[["gpu"]])] if selection else []
+    if selection == 0:
         return []
-    if spec == "all":
-        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    if spec.isdigit():
-        return [DeviceRequest(count=int(spec), capabilities=[["gpu"]])]
-    return [DeviceRequest(device_ids=[d.strip() for d in spec.split(",") if d.strip()], capabilities=[["gpu"]])]
+    return [DeviceRequest(count=selection, capabilities=[["gpu"]])]
 
 
 class DockerRunner:

@@ -90,3 +90,32 @@ def owner_alive(owner: str) -> bool:
             f"{proc.create_time():.2f}" == started
     except psutil.Error:
         return False
+
+
+ALL_GPUS = -1
+
+
+def gpu_selection(spec: str | None) -> int | list[str]:
+    """The GPUs a setting names: ``0`` none (``None``/``""``/``none``), :data:`ALL_GPUS` (``all``),
+    a count (``2``) or device ids (``0,1``).
+
+    ``None`` also looks at ``CUDA_VISIBLE_DEVICES`` (the ids the worker was given), then at the
+    presence of an NVIDIA device (all of them). One reading for the container's device request
+    and the engine's tensor parallelism, so the two never disagree."""
+    if spec is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        if visible and visible != "-1":
+            spec = visible
+        elif Path("/dev/nvidia0").exists():
+            spec = "all"
+        else:
+            return 0
+    spec = spec.strip()
+    if not spec or spec == "none":
+        return 0
+    if spec == "all":
+        return ALL_GPUS
+    if spec.isdigit():
+        return int(spec)
+    return [d.strip() for d in spec.split(",") if d.strip()]
+

@@ -249,12 +249,12 @@ async def _handle_warm(
 
     baselines: dict[str, BenchmarkScores | None] = {}
     uncached: dict[str, WarmSplit] = {}
+    cache_names: dict[str, str] = {}
     for split, manifest in manifests.items():
         if results[split].scores is None:
             continue
-        _, cached = await _cached_baseline(ctx, manifest, base_model, device)
-        baselines[split] = cached
-        if cached is None:
+        cache_names[split], baselines[split] = await _cached_baseline(ctx, manifest, base_model, device)
+        if baselines[split] is None:
             uncached[f"baseline-{split}"] = WarmSplit(f"baseline-{split}", manifest)
     if uncached:
         base_runs = await engine.run(spec, select_model(base_model, None), list(uncached.values()), ctx.workdir,
@@ -264,9 +264,8 @@ async def _handle_warm(
             if run.scores is None:
                 log.warning("baseline run failed", split=split, error=run.error)
                 continue
-            key, _ = await _cached_baseline(ctx, uncached[label].manifest, base_model, device, look=False)
             store = await _cache_store_for(ctx, uncached[label].manifest)
-            await store.put_bytes(key, run.scores.model_dump_json().encode())
+            await store.put_bytes(cache_names[split], run.scores.model_dump_json().encode())
             baselines[split] = run.scores
     return [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
             for split in ("validation", "test")]
@@ -316,13 +315,11 @@ async def _baseline(
 
 
 async def _cached_baseline(
-    ctx: StageContext, manifest: SplitManifest, base_model: Path, device: str, *, look: bool = True
+    ctx: StageContext, manifest: SplitManifest, base_model: Path, device: str
 ) -> tuple[str, BenchmarkScores | None]:
-    """The baseline cache's object name for this split, and the scores cached there (if ``look``)."""
+    """The baseline cache's object name for this split, and the scores cached there, if any."""
     key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend)
     name = f"cache/baseline/{key}/scores.json"
-    if not look:
-        return name, None
     store = await _cache_store_for(ctx, manifest)
     ref = await store.stat(name)
     if ref is None:

@@ -39,7 +39,7 @@ from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
 from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT, Resident, RunResult
 from shared.runtime import Policy, StageWorker
-from shared.sandbox import Sandbox
+from shared.sandbox import ALL_GPUS, Sandbox, gpu_selection
 from shared.settings import Settings
 
 log = get_logger("ftbus.benchmark.engine")
@@ -79,14 +79,15 @@ OnSplit = Callable[[WarmSplit], Awaitable[None]]
 
 
 def _gpu_count(settings: Settings, device: str) -> int:
+    """How many GPUs the engine may use: those the container is given (the same reading)."""
     if device != "cuda":
         return 0
-    spec = (settings.sandbox_gpus or os.environ.get("CUDA_VISIBLE_DEVICES") or "all").strip()
-    if spec.isdigit():
-        return int(spec)
-    if spec == "all":
+    selection = gpu_selection(settings.sandbox_gpus or None)
+    if isinstance(selection, list):
+        return len(selection)
+    if selection == ALL_GPUS:
         return len(list(Path("/dev").glob("nvidia[0-9]*")))
-    return len([d for d in spec.split(",") if d.strip()])
+    return selection
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
