@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from shared.bus import Bus
 from shared.logs import get_logger
 from shared.retry import retry_transient
+from shared.tasks import cancel_until_done
 
 log = get_logger("ftbus.consumer")
 
@@ -48,9 +49,7 @@ async def consume(
                 raise task.exception()  # type: ignore[misc]
     finally:
         stopping.cancel()
-        for task in loops:
-            task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await cancel_until_done(loops)
 
 
 async def _loop(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop: asyncio.Event, what: str) -> None:

@@ -4,8 +4,11 @@ One durable pull consumer per stage, shared by every worker of that stage (the s
 the load). For each message:
 
 - undecodable or invalid  -> a DeadLetter on ``ftbus.dlq`` (with the request id when readable), term();
-- cancelled request       -> ack, nothing published;
-- already done (redelivery after a crash between store and ack) -> republish the stored result, ack;
+- cancelled request       -> ack, nothing published (a cancel this worker heard is skipped at once;
+                             one only the status record knows, which is read while the handler
+                             starts, stops the handler as a cancel mid-run does);
+- already done (redelivery after a crash between store and ack) -> republish the stored result, ack
+                             (looked up on redeliveries only: a first delivery has nothing stored);
 - handler returns         -> results stored under (request_id, stage), published with
                              ``Nats-Msg-Id = <request_id>:<stage>:<kind>``, then ack. A candidate's
                              failure is such a result: published and acked, never retried;
@@ -101,9 +104,11 @@ class Policy:
     async def stop(self) -> None:
         """The worker stops."""
 
-    async def lookup(self, worker: StageWorker, request_id: str) -> Any:
+    async def lookup(self, worker: StageWorker, request_id: str, deliveries: int) -> Any:
         """Read what :meth:`skip` decides from (a KV entry, say). Every policy's lookup of a message
-        runs at once, so that a message waits for one round trip to the server, not one each."""
+        runs at once, so that a message waits for one round trip to the server, not one each; a
+        policy that can do without the round trip on a first delivery keeps it off every hop
+        (docs/design.md, §9)."""
         return None
 
     async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
@@ -115,7 +120,7 @@ class Policy:
         """The handler is about to run."""
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
-        """A heartbeat while the handler runs."""
+        """As the handler starts (beside it, not before it), then at every heartbeat while it runs."""
 
     async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
         """The handler returned; its events are about to be published."""
@@ -131,7 +136,13 @@ class IdempotencyStore(Policy):
     """Stores what the handler published under (request_id, stage); a redelivery after a crash
     between store and ack republishes it instead of running the stage again."""
 
-    async def lookup(self, worker: StageWorker, request_id: str) -> bytes | None:
+    async def lookup(self, worker: StageWorker, request_id: str, deliveries: int) -> bytes | None:
+        if deliveries <= 1:
+            # A result is stored only by handling this message, and every handling after the first
+            # is a redelivery. (The same request submitted again after the de-duplication window
+            # is a first delivery: it runs the stage again, and the aggregator, whose record is
+            # already final, publishes no second verdict.)
+            return None
         bus = worker.bus
         kv = await bus.kv(bus.subjects.kv_stage_results(worker.stage))
         try:
@@ -157,7 +168,10 @@ class IdempotencyStore(Policy):
 
 class SkipCancelled(Policy):
     """A cancelled request is skipped, and its running work killed: on the cancel event (core
-    NATS), and, since a worker cut off from the server misses that, on the status record."""
+    NATS), and, since a worker cut off from the server misses that, on the status record. The
+    record is read as the handler starts, beside it rather than before it (one round trip less
+    on every hop), and at every heartbeat: found cancelled, the handler is stopped as by a cancel
+    event, so nothing is published."""
 
     #: Cancels heard on the core subject that this worker remembers (the status record says it too).
     MEMORY = 1024
@@ -176,8 +190,8 @@ class SkipCancelled(Policy):
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
-    async def lookup(self, worker: StageWorker, request_id: str) -> bool:
-        return request_id in self._seen or await is_cancelled(worker.bus, request_id)
+    async def lookup(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
+        return request_id in self._seen
 
     async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
         if looked:
@@ -340,7 +354,7 @@ class StageWorker:
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage.value):
-            looked = await asyncio.gather(*(policy.lookup(self, request_id) for policy in self.policies))
+            looked = await asyncio.gather(*(policy.lookup(self, request_id, deliveries) for policy in self.policies))
             for policy, value in zip(self.policies, looked, strict=True):
                 if await policy.skip(self, request_id, value):
                     await msg.ack()
@@ -367,7 +381,9 @@ class StageWorker:
         self._note("stage started", delivery=deliveries, subject=msg.subject)
         for policy in self.policies:
             await policy.started(ctx)
-        heartbeat = asyncio.create_task(self._heartbeat(msg, request_id))
+        beating = asyncio.Event()
+        beating.set()
+        heartbeat = asyncio.create_task(self._heartbeat(msg, request_id, beating))
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
         try:
@@ -394,6 +410,7 @@ class StageWorker:
         finally:
             self._running.pop(request_id, None)
             self._cancelled.discard(request_id)
+            beating.clear()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
@@ -401,10 +418,11 @@ class StageWorker:
             # The stored result and the published events go out together, then the ack. Either
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
             # stage again, and the de-duplication ids keep a second copy off the stream.
+            # The events are sent first: the next stage waits for them, nobody waits for the store.
             await asyncio.gather(
-                *(policy.done(ctx, outgoing) for policy in self.policies),
                 *(self.bus.publish(out.subject, out.event, msg_id(request_id, self.stage.value, out.kind))
                   for out in outgoing),
+                *(policy.done(ctx, outgoing) for policy in self.policies),
             )
             await msg.ack()
         except Exception:
@@ -420,16 +438,32 @@ class StageWorker:
         steps = self.bus.settings.retry_backoff_s or [1.0]
         return float(steps[min(deliveries - 1, len(steps) - 1)])
 
-    async def _heartbeat(self, msg: Msg, request_id: str) -> None:
+    async def _heartbeat(self, msg: Msg, request_id: str, beating: asyncio.Event) -> None:
+        """Beat at once (the policies' first look, beside the handler's start), then every
+        ``heartbeat_s``, until ``beating`` is cleared.
+
+        The loop ends on the cleared event, not only on its cancellation: Python 3.11's
+        ``asyncio.wait_for`` returns its result instead of raising when a cancel arrives just as
+        the result does (nats-py waits for every reply with it), so a cancelled beat can come back
+        as if nothing happened, and a loop that waited for its CancelledError would beat, and hold
+        its message, for ever."""
         interval = min(self.bus.settings.heartbeat_s, self.bus.settings.ack_wait_s / 3)
-        while True:
-            await asyncio.sleep(interval)
+        first = True
+        while beating.is_set():
+            if not first:
+                await asyncio.sleep(interval)
+                if not beating.is_set():
+                    return
             try:
-                await msg.in_progress()
+                if not first:
+                    await msg.in_progress()
                 for policy in self.policies:
+                    if not beating.is_set():
+                        return
                     await policy.beat(self, request_id)
             except Exception as exc:  # a lost connection: the next beat may get through
                 log.warning("heartbeat failed", error=str(exc))
+            first = False
 
     async def _dead_letter(self, msg: Msg, reason: str, request_id: str | None, deliveries: int) -> None:
         seq = msg.metadata.sequence.stream if msg.metadata else 0

@@ -31,6 +31,7 @@ from shared.events import DeadLetter, Progress, Report, Stage, Verdict
 from shared.logs import get_logger
 from shared.records import RequestRecord
 from shared.settings import Settings
+from shared.tasks import cancel_until_done
 
 log = get_logger("ftbus.dashboard")
 
@@ -129,9 +130,7 @@ class DashboardState:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_until_done(self._tasks)
         self._tasks = []
         if self._progress_sub is not None:
             with contextlib.suppress(Exception):

@@ -56,6 +56,7 @@ from shared.events import (
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord, StageTiming
 from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
+from shared.tasks import cancel_until_done
 
 log = get_logger("ftbus.aggregator")
 
@@ -125,9 +126,7 @@ class Aggregator:
         try:
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_until_done(tasks)
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
             for pending in list(self._progress_tasks):

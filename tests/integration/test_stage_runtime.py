@@ -1,0 +1,185 @@
+"""What the stage runtime (shared/runtime.py) does around a handler, on a real nats-server: the
+stored result on a redelivery, a cancel that only the status record knows, and a heartbeat that
+ends even when a beat takes its cancel for a result."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from shared.bus import Bus
+from shared.events import DataResult, Stage, TrainResult
+from shared.records import RequestStatusView
+from shared.runtime import (
+    AnnounceProgress,
+    IdempotencyStore,
+    Outgoing,
+    Policy,
+    SkipCancelled,
+    StageContext,
+    StageWorker,
+)
+from shared.settings import Settings
+from shared.subjects import msg_id
+from tests.fakes.judge_events import data_failed, train_failed
+from tests.integration.test_delivery import caught_up, poll
+
+Handler = Callable[[DataResult, StageContext], Awaitable[list[Outgoing]]]
+
+
+@pytest.fixture
+async def bus(settings: Settings) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(settings, name="runtime-test")
+    await bus.ensure_topology()
+    yield bus
+    await bus.close()
+
+
+class TrainStage:
+    """One train-stage worker in this process with ``handler`` and ``policies``."""
+
+    def __init__(self, bus: Bus, handler: Handler, policies: tuple[Policy, ...]) -> None:
+        self.bus = bus
+        self.stop = asyncio.Event()
+        worker = StageWorker(bus, Stage.train, handler, (DataResult,), filters=[bus.subjects.data_completed],
+                             policies=policies)
+        self.task = asyncio.create_task(worker.run(self.stop))
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=30)
+
+
+async def send(bus: Bus, rid: str) -> None:
+    event = data_failed().model_copy(update={"request_id": rid})
+    await bus.publish(bus.subjects.data_completed, event, msg_id(rid, "data", "completed"))
+
+
+def result_of(rid: str) -> TrainResult:
+    return train_failed().model_copy(update={"request_id": rid})
+
+
+async def published(bus: Bus, subject: str) -> int:
+    info = await bus.js.stream_info(bus.subjects.stream_events, subjects_filter=subject)
+    return sum((info.state.subjects or {}).values())
+
+
+async def acked(bus: Bus) -> bool:
+    return await caught_up(bus, bus.subjects.stream_events, bus.subjects.durable(Stage.train))
+
+
+def stage_policies() -> tuple[Policy, ...]:
+    return (SkipCancelled(), IdempotencyStore(), AnnounceProgress())
+
+
+async def test_a_redelivery_after_a_crash_between_store_and_ack_republishes_without_running_again(bus: Bus) -> None:
+    runs: list[str] = []
+
+    class CrashOnceAfterTheStore(Policy):
+        """The worker 'dies' after its result was stored and published but before its ack."""
+
+        crashed = False
+
+        async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+            if not self.crashed:
+                self.crashed = True
+                await asyncio.sleep(0.5)  # the store beside it has landed by now
+                raise RuntimeError("lost between the store and the ack")
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        runs.append(event.request_id)
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+
+    stage = TrainStage(bus, handle, (*stage_policies(), CrashOnceAfterTheStore()))
+    try:
+        await send(bus, "redelivered-1")
+        await poll(lambda: acked(bus), "the redelivered message acknowledged", timeout_s=60)
+    finally:
+        await stage.close()
+    assert runs == ["redelivered-1"], "the stage ran again although its result was stored"
+    assert await published(bus, bus.subjects.train_completed) == 1
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    assert (await kv.get("redelivered-1.train")).value
+
+
+async def test_a_first_delivery_runs_the_stage_without_reading_the_store(bus: Bus) -> None:
+    """The store is read on redeliveries only (one round trip less on every hop, docs/design.md §9):
+    an entry that a first delivery finds there is not taken for this message's result."""
+    runs: list[str] = []
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        runs.append(event.request_id)
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    await kv.put("first-1.train", b"\x90")  # an empty list of stored events: it would publish nothing
+    stage = TrainStage(bus, handle, stage_policies())
+    try:
+        await send(bus, "first-1")
+        await poll(lambda: acked(bus), "the message acknowledged", timeout_s=60)
+    finally:
+        await stage.close()
+    assert runs == ["first-1"]
+    assert await published(bus, bus.subjects.train_completed) == 1
+
+
+async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_starts(bus: Bus) -> None:
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        started.set()
+        try:
+            await asyncio.sleep(120)
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        outcome.append("ran to the end")
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+
+    status = await bus.kv(bus.subjects.kv_status)
+    await status.put("cancelled-1", RequestStatusView(request_id="cancelled-1", status="running",
+                                                      cancel_requested=True).model_dump_json().encode())
+    stage = TrainStage(bus, handle, stage_policies())
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await send(bus, "cancelled-1")
+        await poll(lambda: acked(bus), "the cancelled message acknowledged", timeout_s=60)
+        # Stopped by the first look at the record, not by a heartbeat (heartbeat_s is 1 s here)
+        # nor by the end of the sleep.
+        assert loop.time() - began < 30
+    finally:
+        await stage.close()
+    assert outcome == ["cancelled"] or not started.is_set()
+    assert await published(bus, bus.subjects.train_completed) == 0
+
+
+async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus: Bus) -> None:
+    """Python 3.11's wait_for can return a reply instead of raising the cancel that came with it
+    (tests/unit/test_tasks.py); a beat that does so must not keep the message held for ever."""
+    beating = asyncio.Event()
+
+    class TakesItsCancelForAResult(Policy):
+        async def beat(self, worker: StageWorker, request_id: str) -> None:
+            beating.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                return  # as wait_for does when the reply lands with the cancel
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        await asyncio.wait_for(beating.wait(), timeout=30)  # the first beat is under way
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+
+    stage = TrainStage(bus, handle, (IdempotencyStore(), TakesItsCancelForAResult()))
+    try:
+        await send(bus, "beating-1")
+        await poll(lambda: acked(bus), "the message acknowledged", timeout_s=30)
+    finally:
+        await stage.close()
+    assert await published(bus, bus.subjects.train_completed) == 1
+
+
