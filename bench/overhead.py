@@ -5,8 +5,10 @@ the stand-in tools: bench/standin_pipeline.py): its time from the request's publ
 verdict's arrival, minus the time its stages spent in their handlers (the stages' own work). What
 remains is what ftbus adds: consumers, acks, the idempotency and status records, progress, the
 aggregator and the verdict. Beside it: a message through five raw JetStream pull consumers
-(fetch, publish to the next subject, ack) on the same server, from the same process layout's
-point of view (one connection per hop).
+(fetch, publish to the next subject, ack) on the same server, one connection per hop, measured
+twice: all five in one process (the issue's comparison, and the target's), and each in a process
+of its own, the way the stages run (so the second ratio shows what ftbus adds beyond the process
+layout itself).
 
     python bench/overhead.py [--requests 12] [--hops 40] [--json]
 """
@@ -26,30 +28,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.standin_pipeline import Stand, emit, median, stdout_to_stderr, workspace  # noqa: E402
+from shared.tasks import cancel_until_done  # noqa: E402
 
 TARGET_RATIO = 3.0
 
 
-async def raw_hops(url: str, messages: int, hops: int = 5) -> list[float]:
-    """Seconds for one message through ``hops`` raw pull consumers, one message at a time."""
+async def raw_hop(url: str, prefix: str, i: int, stop: asyncio.Event, conns: list[object] | None = None,
+                  ready: asyncio.Event | None = None) -> None:
+    """One raw hop: fetch from ``<prefix>.<i>``, publish to ``<prefix>.<i+1>``, ack; until ``stop``."""
     import nats
     from nats.js import api
 
-    prefix = "raw" + secrets.token_hex(3)
-    admin = await nats.connect(url)
-    js = admin.jetstream()
-    await js.add_stream(api.StreamConfig(name=prefix.upper(), subjects=[f"{prefix}.>"],
-                                         storage=api.StorageType.FILE))
-    conns = []
-    stop = asyncio.Event()
-
-    async def hop(i: int) -> None:
-        nc = await nats.connect(url)
+    nc = await nats.connect(url)
+    if conns is not None:
         conns.append(nc)
-        hjs = nc.jetstream()
-        await hjs.add_consumer(prefix.upper(), api.ConsumerConfig(
-            durable_name=f"hop{i}", ack_policy=api.AckPolicy.EXPLICIT, filter_subject=f"{prefix}.{i}"))
-        psub = await hjs.pull_subscribe_bind(f"hop{i}", prefix.upper())
+    hjs = nc.jetstream()
+    await hjs.add_consumer(prefix.upper(), api.ConsumerConfig(
+        durable_name=f"hop{i}", ack_policy=api.AckPolicy.EXPLICIT, filter_subject=f"{prefix}.{i}"))
+    psub = await hjs.pull_subscribe_bind(f"hop{i}", prefix.upper())
+    if ready is not None:
+        ready.set()
+    try:
         while not stop.is_set():
             try:
                 msgs = await psub.fetch(1, timeout=2)
@@ -58,8 +57,51 @@ async def raw_hops(url: str, messages: int, hops: int = 5) -> list[float]:
             for msg in msgs:
                 await hjs.publish(f"{prefix}.{i + 1}", msg.data)
                 await msg.ack()
+    finally:
+        if conns is None:
+            await nc.close()
 
-    tasks = [asyncio.create_task(hop(i)) for i in range(hops)]
+
+async def _hop_process(url: str, prefix: str, i: int) -> None:
+    """``--hop``: one raw hop in this process until SIGTERM."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    ready = asyncio.Event()
+    task = asyncio.create_task(raw_hop(url, prefix, i, stop, ready=ready))
+    await ready.wait()
+    print("ready", flush=True)
+    await stop.wait()
+    await cancel_until_done([task])
+
+
+async def raw_hops(url: str, messages: int, hops: int = 5, *, processes: bool = False) -> list[float]:
+    """Seconds for one message through ``hops`` raw pull consumers, one message at a time: all in
+    this process, or (``processes``) each in a process of its own."""
+    import nats
+    from nats.js import api
+
+    prefix = "raw" + secrets.token_hex(3)
+    admin = await nats.connect(url)
+    js = admin.jetstream()
+    await js.add_stream(api.StreamConfig(name=prefix.upper(), subjects=[f"{prefix}.>"],
+                                         storage=api.StorageType.FILE))
+    conns: list[object] = []
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    procs: list[asyncio.subprocess.Process] = []
+    if processes:
+        for i in range(hops):
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--hop", str(i), "--url", url, "--prefix", prefix,
+                stdout=asyncio.subprocess.PIPE))
+        for proc in procs:
+            assert proc.stdout is not None
+            await asyncio.wait_for(proc.stdout.readline(), timeout=60)  # "ready"
+    else:
+        tasks = [asyncio.create_task(raw_hop(url, prefix, i, stop, conns)) for i in range(hops)]
     arrived: asyncio.Queue[float] = asyncio.Queue()
 
     async def on_end(msg: object) -> None:
@@ -77,20 +119,27 @@ async def raw_hops(url: str, messages: int, hops: int = 5) -> list[float]:
                 times.append(end - start)
     finally:
         stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_until_done(tasks)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
         await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await js.delete_stream(prefix.upper())
         for nc in [*conns, admin]:
-            await nc.close()
+            await nc.close()  # type: ignore[attr-defined]
     return times
 
 
 async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[str, object]]:
     async with Stand(root) as stand:
         raw = await raw_hops(stand.settings.nats_url, hops_messages)
+        raw_apart = await raw_hops(stand.settings.nats_url, hops_messages, processes=True)
         sub, verdicts = await stand.verdicts()
         overheads: list[float] = []
         walls: list[float] = []
@@ -121,16 +170,22 @@ async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[st
                 print("gaps ms:", " ".join(gaps), file=sys.stderr)
         await sub.unsubscribe()
     raw_ms = median(raw) * 1000
+    apart_ms = median(raw_apart) * 1000
     over_ms = median(overheads) * 1000
     ratio = over_ms / raw_ms
     return [
-        {"measure": "5 raw JetStream hops (median)", "value": f"{raw_ms:.2f} ms", "target": None, "met": None},
+        {"measure": "5 raw JetStream hops, one process (median)", "value": f"{raw_ms:.2f} ms", "target": None,
+         "met": None},
+        {"measure": "5 raw JetStream hops, a process each (median)", "value": f"{apart_ms:.2f} ms", "target": None,
+         "met": None},
         {"measure": "request wall time, stand-in tools (median)", "value": f"{median(walls) * 1000:.0f} ms",
          "target": None, "met": None},
         {"measure": "overhead per request outside stage work (median)", "value": f"{over_ms:.1f} ms",
          "target": None, "met": None},
-        {"measure": "overhead vs 5 raw JetStream hops", "value": f"{ratio:.1f}x",
+        {"measure": "overhead vs 5 raw JetStream hops in one process", "value": f"{ratio:.1f}x",
          "target": f"<= {TARGET_RATIO:.0f}x", "met": ratio <= TARGET_RATIO},
+        {"measure": "overhead vs 5 raw JetStream hops, a process each", "value": f"{over_ms / apart_ms:.1f}x",
+         "target": None, "met": None},
     ]
 
 
@@ -139,7 +194,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=12)
     parser.add_argument("--hops", type=int, default=40, help="messages through the raw hops")
     parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
+    parser.add_argument("--hop", type=int, help=argparse.SUPPRESS)  # one raw hop's own process
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.hop is not None:
+        asyncio.run(_hop_process(args.url, args.prefix, args.hop))
+        return
     with tempfile.TemporaryDirectory(prefix="ftbus-overhead-") as tmp:
         with stdout_to_stderr():  # --json: only the rows on stdout
             rows = asyncio.run(measure(args.requests, args.hops, Path(tmp)))

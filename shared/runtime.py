@@ -381,11 +381,12 @@ class StageWorker:
         self._note("stage started", delivery=deliveries, subject=msg.subject)
         for policy in self.policies:
             await policy.started(ctx)
+        # The handler's task first, so that it starts before the policies' first look.
+        task = asyncio.create_task(self.handler(event, ctx))
+        self._running[request_id] = task
         beating = asyncio.Event()
         beating.set()
         heartbeat = asyncio.create_task(self._heartbeat(msg, request_id, beating))
-        task = asyncio.create_task(self.handler(event, ctx))
-        self._running[request_id] = task
         try:
             outgoing = await task
         except asyncio.CancelledError:
