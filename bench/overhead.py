@@ -77,7 +77,8 @@ async def _hop_process(url: str, prefix: str, i: int) -> None:
     await cancel_until_done([task])
 
 
-async def raw_hops(url: str, messages: int, hops: int = 5, *, processes: bool = False) -> list[float]:
+async def raw_hops(url: str, messages: int, hops: int = 5, *, processes: bool = False,
+                   payload_bytes: int = 200) -> list[float]:
     """Seconds for one message through ``hops`` raw pull consumers, one message at a time: all in
     this process, or (``processes``) each in a process of its own."""
     import nats
@@ -113,7 +114,7 @@ async def raw_hops(url: str, messages: int, hops: int = 5, *, processes: bool = 
     try:
         for n in range(messages):
             start = time.perf_counter()
-            await js.publish(f"{prefix}.0", b"x" * 200)
+            await js.publish(f"{prefix}.0", b"x" * payload_bytes)
             end = await asyncio.wait_for(arrived.get(), timeout=30)
             if n >= 3:  # warm-up
                 times.append(end - start)
