@@ -39,7 +39,7 @@ from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
 from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT, Resident, RunResult
 from shared.runtime import Policy, StageWorker
-from shared.sandbox import ALL_GPUS, Sandbox, gpu_selection
+from shared.sandbox import ALL_GPUS, Sandbox, gpu_selection, host_identity, owner_alive
 from shared.settings import Settings
 
 log = get_logger("ftbus.benchmark.engine")
@@ -152,6 +152,9 @@ class WarmEngine:
             await self.kill()
         await asyncio.to_thread(shutil.rmtree, self.exchange, True)
         self.exchange.mkdir(parents=True)
+        # Whose folder this is, so that a worker starting after this one was killed (SIGKILL, OOM:
+        # no stop() ran) can remove it: it may hold a candidate's weights (reap_engine_folders).
+        (self.root / OWNER_FILE).write_text(host_identity(), encoding="utf-8")
         argv = ["python", str(ENGINE_SCRIPT), str(self.exchange)]
         sandbox = Sandbox.reading(*self.visible_roots, ENGINE_DIR, gpus=True)
         self._resident = await self.runner.start_resident(
@@ -344,12 +347,37 @@ class WarmEngine:
 
 _ENGINES: weakref.WeakKeyDictionary[Any, WarmEngine] = weakref.WeakKeyDictionary()
 
+#: The file in an engine's folder that names the worker owning it (``host:pid:start-time``).
+OWNER_FILE = "owner"
+
+
+def engines_dir(settings: Settings) -> Path:
+    return settings.work / "bench-engine"
+
+
+def reap_engine_folders(settings: Settings) -> list[Path]:
+    """Remove the engine folders of bench workers that died without stopping (their exchange
+    folder, which may hold a candidate's weights and split runs). A folder whose owner runs, runs
+    on another host (a shared work folder), or is not named yet (an engine starting) is left."""
+    removed = []
+    root = engines_dir(settings)
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        owner_file = folder / OWNER_FILE
+        try:
+            owner = owner_file.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if owner and not owner_alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
 
 def engine_for(runner: Any, settings: Settings) -> WarmEngine:
     """The warm engine of the worker that owns ``runner`` (one runner per worker), made on first use."""
     engine = _ENGINES.get(runner)
     if engine is None:
-        root = settings.work / "bench-engine" / f"{os.getpid()}-{secrets.token_hex(4)}"
+        root = engines_dir(settings) / f"{os.getpid()}-{secrets.token_hex(4)}"
         engine = _ENGINES[runner] = WarmEngine(runner, settings, root)
     return engine
 
@@ -361,13 +389,18 @@ async def stop_engine(runner: Any) -> None:
 
 
 class EnginePolicy(Policy):
-    """Stops the worker's warm engine when the worker stops."""
+    """Removes the engine folders that dead bench workers left, as the worker starts; stops the
+    worker's warm engine when the worker stops."""
 
     def __init__(self) -> None:
         self._runner: Any = None
 
     async def start(self, worker: StageWorker) -> None:
         self._runner = worker.runner
+        removed = await asyncio.to_thread(reap_engine_folders, worker.bus.settings)
+        if removed:
+            log.warning("removed the engine folders of bench workers that died",
+                        folders=[str(path) for path in removed])
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
-from services.benchmark.warm import ENGINE_SCRIPT, WarmEngine, _link_files
+from services.benchmark.warm import ENGINE_SCRIPT, OWNER_FILE, WarmEngine, _link_files, engines_dir, reap_engine_folders
 from shared.runner import LocalRunner
+from shared.sandbox import host_identity
 from shared.settings import Settings
 
 
@@ -48,3 +52,27 @@ def test_the_engine_script_imports_nothing_of_ftbus() -> None:
     text = ENGINE_SCRIPT.read_text()
     for package in ("services", "shared", "ftbus."):
         assert f"from {package}" not in text and f"import {package}" not in text
+
+
+def test_a_dead_workers_engine_folder_is_removed_and_no_other(tmp_path: Path) -> None:
+    """A bench worker killed without stopping (SIGKILL, OOM) leaves its engine folder, with a
+    candidate's weights in its exchange; the next worker to start removes it, and only it."""
+    settings = Settings(home=tmp_path / "home")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    folders = {
+        "dead": f"{socket.gethostname()}:{dead.stdout.strip()}:12345.00",
+        "alive": host_identity(),
+        "elsewhere": "another-host:1:1.00",
+        "starting": None,  # no owner file yet
+    }
+    for name, owner in folders.items():
+        exchange = engines_dir(settings) / name / "exchange" / "model-1"
+        exchange.mkdir(parents=True)
+        (exchange / "adapter_model.safetensors").write_bytes(b"weights")
+        if owner is not None:
+            (engines_dir(settings) / name / OWNER_FILE).write_text(owner)
+    removed = reap_engine_folders(settings)
+    assert [p.name for p in removed] == ["dead"]
+    assert sorted(p.name for p in engines_dir(settings).iterdir()) == ["alive", "elsewhere", "starting"]
+    assert reap_engine_folders(Settings(home=tmp_path / "empty")) == []
