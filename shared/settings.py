@@ -132,6 +132,21 @@ class Settings(BaseSettings):
         "model load per model and request, the splits one at a time); cold, a fresh `lm_eval` process per "
         "split. OpenCompass always runs cold.",
     )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1,
+        description="GPU path (warm engine on CUDA with vLLM): the share of each GPU's memory vLLM may take for "
+        "weights and KV cache. Lower it when something else shares the GPU.",
+    )
+    vllm_max_model_len: int | None = Field(
+        default=None, gt=0,
+        description="GPU path: the longest context vLLM plans its KV cache for (unset: the model's own). Lower it "
+        "when vLLM says the KV cache does not fit.",
+    )
+    vllm_enforce_eager: bool = Field(
+        default=True,
+        description="GPU path: no CUDA graph capture. Each request loads its own model, and capture costs "
+        "seconds per load; turn it off for benchmarks long enough to repay it.",
+    )
     max_error_samples: int = Field(default=10, ge=0)
     error_sample_seed: int = 0
 

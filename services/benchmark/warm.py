@@ -243,6 +243,9 @@ class WarmEngine:
                 "model": {"pretrained": str(pretrained), "peft": str(peft) if peft else None},
                 "device": device, "gpus": _gpu_count(self.settings, device), "dtype": None, "batch_size": 1,
                 "seed": seed, "apply_chat_template": has_chat_template(model.pretrained),
+                "vllm": {"gpu_memory_utilization": self.settings.vllm_gpu_memory_utilization,
+                         "max_model_len": self.settings.vllm_max_model_len,
+                         "enforce_eager": self.settings.vllm_enforce_eager},
                 "splits": [s.label for s in pending],
             })
             for i, split in enumerate(pending):

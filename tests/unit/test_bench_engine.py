@@ -76,3 +76,43 @@ def test_a_dead_workers_engine_folder_is_removed_and_no_other(tmp_path: Path) ->
     assert [p.name for p in removed] == ["dead"]
     assert sorted(p.name for p in engines_dir(settings).iterdir()) == ["alive", "elsewhere", "starting"]
     assert reap_engine_folders(Settings(home=tmp_path / "empty")) == []
+
+
+def test_the_engine_loads_each_model_with_the_gpu_settings_of_its_job(tmp_path: Path) -> None:
+    """The vLLM settings (vllm_gpu_memory_utilization, vllm_max_model_len, vllm_enforce_eager) and
+    the request's seed reach the model the engine loads, through the job the worker writes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ftbus_engine_under_test", ENGINE_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen: dict[str, object] = {}
+
+    def lm_eval_model(pretrained: str, peft: str | None, **kwargs: object) -> tuple[str, dict[str, object]]:
+        seen.update(kwargs, pretrained=pretrained, peft=peft)
+        return "vllm", {"pretrained": pretrained, "trust_remote_code": False}
+
+    class Registry:
+        @staticmethod
+        def get_model(name: str) -> object:
+            class Model:
+                @staticmethod
+                def create_from_arg_obj(args: dict[str, object], extra: dict[str, object]) -> tuple[str, dict]:
+                    return name, {**args, **extra}
+
+            return Model
+
+    engine = module.Engine.__new__(module.Engine)  # without importing the harness
+    engine.exchange, engine.lm_eval_model, engine.registry = tmp_path, lm_eval_model, Registry
+    settings = Settings(home=tmp_path, vllm_gpu_memory_utilization=0.5, vllm_max_model_len=2048,
+                        vllm_enforce_eager=False)
+    job = {"model": {"pretrained": "/m", "peft": "/a"}, "device": "cuda", "gpus": 2, "dtype": None, "seed": 7,
+           "vllm": {"gpu_memory_utilization": settings.vllm_gpu_memory_utilization,
+                    "max_model_len": settings.vllm_max_model_len, "enforce_eager": settings.vllm_enforce_eager,
+                    "trust_remote_code": True}}
+    (name, loaded), _ = engine._load(3, job)
+    assert seen == {"pretrained": "/m", "peft": "/a", "device": "cuda", "gpus": 2, "dtype": None,
+                    "scratch": str(tmp_path / "scratch-3"), "seed": 7, "gpu_memory_utilization": 0.5,
+                    "max_model_len": 2048, "enforce_eager": False}
+    assert name == "vllm" and "trust_remote_code" not in loaded

@@ -12,7 +12,8 @@ reader never sees half of one:
 - ``engine.json`` (engine): written once the harness is imported: ``{"pid", "imported_s"}``.
 - ``job-<n>.json`` (worker): one model and the labels of its splits, in order:
   ``{"model": {"pretrained", "peft"}, "device", "gpus", "dtype", "batch_size", "seed",
-  "apply_chat_template", "splits": [label, ...]}``.
+  "apply_chat_template", "vllm": {"gpu_memory_utilization", "max_model_len", "enforce_eager"},
+  "splits": [label, ...]}`` (``vllm`` matters on the GPU path only).
 - ``split-<n>-<i>.json`` (worker): the i-th split of job n is now in the exchange folder:
   ``{"label", "run_dir", "tasks", "include_path", "output_path", "log_path"}``. The worker puts
   each split's run folder there only for its own run and removes it before the next one, so the
@@ -190,7 +191,9 @@ class Engine:
         scratch = self.exchange / f"scratch-{n}"
         name, args = self.lm_eval_model(
             model["pretrained"], model.get("peft"), device=job["device"], gpus=int(job.get("gpus") or 0),
-            dtype=job.get("dtype"), scratch=str(scratch),
+            dtype=job.get("dtype"), scratch=str(scratch), seed=int(job.get("seed") or 0),
+            **{k: v for k, v in (job.get("vllm") or {}).items()
+               if k in ("gpu_memory_utilization", "max_model_len", "enforce_eager")},
         )
         args.pop("trust_remote_code", None)  # weights are data
         print(f"[engine] loading {name} model: {args}", flush=True)
