@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shared.events import BenchmarkScores, Progress, Report, Stage, Verdict, VerdictResult
+from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage, Verdict, VerdictResult
 from shared.records import RequestRecord
 
 # The order of the stage cards and of the timeline.
@@ -317,6 +317,9 @@ def request_detail(
                     "raw_execution": judge_event.raw_execution}
     test_error = (report.benchmark_test_error if report else None) or record.benchmark_test_error
     data_stats = result.data_stats if result else None
+    # What the candidate's code ran under, and what its LLM calls spent: the verdict's, else the judge's.
+    source: Verdict | JudgeResult | None = verdict if verdict is not None else judge_event
+    llm_usage = source.llm_usage if source is not None else None
     return {
         "request_id": record.request_id,
         "status": record.status,
@@ -339,6 +342,8 @@ def request_detail(
         "judge": judge.model_dump(mode="json") if judge else None,
         "data_stats": data_stats.model_dump(mode="json") if data_stats else None,
         "data_cached": bool(result and result.data_cached),
+        "sandbox": source.sandbox if source is not None else None,
+        "llm_usage": llm_usage.model_dump(mode="json", exclude={"calls"}) if llm_usage else None,
         "logs": list(logs),
     }
 

@@ -276,6 +276,10 @@ async def test_request_page_draws_the_loss_curve_live_then_complete(env: Env, pa
     for field in ("execution", "return_checking", "code", "raw_execution"):
         assert await _text(page, f"#feedback details[data-field={field}] pre") == getattr(verdict, field).strip()
     assert "40 samples" in await _text(page, "#data")
+    # What the code ran under, as the verdict says (the stand-in tests run without isolation: shown).
+    assert verdict.sandbox == "local"
+    assert await page.get_attribute("#task [data-sandbox]", "data-sandbox") == "local"
+    assert await _text(page, "#task [data-sandbox]") == "no sandbox"
     assert await page.eval_on_selector_all("#errors tbody tr", "rs => rs.length") == len(bench.error_samples) > 0
     stages = await page.eval_on_selector_all("#timeline tbody tr",
                                              "rs => rs.map(r => [r.dataset.stage, r.dataset.attempts])")

@@ -17,9 +17,15 @@ from shared.events import (
     BenchmarkScores,
     ErrorSample,
     EvalLossPoint,
+    Feedback,
+    JudgeInfo,
+    JudgeResult,
+    LlmCall,
+    LlmUsage,
     LossHistory,
     Progress,
     Report,
+    RequestContext,
     Stage,
     TaskSpec,
     TrainingMetrics,
@@ -188,3 +194,23 @@ def test_pages_load_scripts_and_styles_only_from_the_dashboard_itself() -> None:
         text = path.read_text()
         assert not re.search(r"(src|href)=[\"']?(https?:)?//", text), path
         assert not re.search(r"https?://", text), path
+
+
+def test_request_detail_says_what_sandbox_the_code_ran_in_and_what_its_llm_calls_spent() -> None:
+    record = completed("r", 0.75)
+    usage = LlmUsage(calls=[LlmCall(model="m", prompt_tokens=10, completion_tokens=5)], requests=1,
+                     prompt_tokens=10, completion_tokens=5, refused=2, budget_requests=3)
+    verdict = record.verdict.model_copy(update={"sandbox": "docker:ftbus-sandbox:latest", "llm_usage": usage})
+    detail = views.request_detail(record, verdict=verdict)
+    assert detail["sandbox"] == "docker:ftbus-sandbox:latest"
+    assert detail["llm_usage"]["requests"] == 1 and detail["llm_usage"]["refused"] == 2
+    assert "calls" not in detail["llm_usage"]  # the totals; each call's prompt is not the page's business
+    # Before the verdict, the judge's; with neither, nothing.
+    record.verdict = None
+    record.judge = JudgeResult(
+        request_id="r", context=RequestContext(task=TaskSpec(base_model="m", benchmark="b"), workspace=[]),
+        feedback=Feedback(execution="e", return_checking="r", code="c", final_decision=True),
+        judge=JudgeInfo(kind="rules", rules_decision=True), result=VerdictResult(), sandbox="local")
+    assert views.request_detail(record)["sandbox"] == "local"
+    record.judge = None
+    assert views.request_detail(record)["sandbox"] is None

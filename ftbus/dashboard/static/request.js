@@ -100,6 +100,25 @@
     ];
   }
 
+  function sandboxBadge(sandbox) {
+    if (!sandbox) return null;
+    if (sandbox === "local") {
+      return el("span", { class: "badge no", "data-sandbox": sandbox, text: "no sandbox",
+        title: "sandbox=local: the candidate's code ran without isolation (development only)" });
+    }
+    return el("span", { class: "badge muted", "data-sandbox": sandbox, text: "sandbox " + sandbox,
+      title: "the candidate's code ran in this sandbox (docs/sandbox.md)" });
+  }
+
+  function llmUsage(u) {
+    const budget = [u.budget_requests ? `${u.budget_requests} calls` : null, u.budget_tokens ? `${u.budget_tokens} tokens` : null,
+      u.budget_wall_s ? FT.duration(u.budget_wall_s) : null].filter(Boolean).join(", ");
+    return el("p", { "data-llm-usage": "" }, "LLM calls by process_data.py: ", el("b", { text: u.requests }),
+      ` · ${u.prompt_tokens} prompt + ${u.completion_tokens} completion tokens`,
+      u.refused ? el("span", { class: "badge no", text: `${u.refused} refused (budget spent)` }) : null,
+      budget ? el("span", { class: "muted", text: ` · budget ${budget}` }) : null);
+  }
+
   async function load() {
     let d;
     try {
@@ -117,7 +136,8 @@
       d.description ? el("span", { class: "muted", text: " · " + d.description }) : null,
       el("span", { class: "muted", text: " · submitted " }), el("span", { "data-since": d.submitted_at || "", text: FT.age(d.submitted_at) }),
       el("span", { class: "muted", text: " ago" }),
-      d.failed_stage ? el("span", { class: "badge no", text: "failed at " + d.failed_stage }) : null);
+      d.failed_stage ? el("span", { class: "badge no", text: "failed at " + d.failed_stage }) : null,
+      sandboxBadge(d.sandbox));
     FT.fill(document.querySelector("#timeline tbody"), ...timeline(d.timeline));
     const p = d.progress;
     document.getElementById("progress").textContent = p ? `${p.stage} ${p.state}` + (p.step !== null ? ` · step ${p.step}/${p.total}` : "")
@@ -126,7 +146,10 @@
     if (d.validation) FT.fill(document.getElementById("validation"), ...scoresTable(d.validation));
     if (d.test) FT.fill(document.getElementById("test"), ...testTable(d.test));
     if (d.feedback) FT.fill(document.getElementById("feedback"), ...feedback(d.feedback, d.judge));
-    if (d.data_stats) FT.fill(document.getElementById("data"), ...dataStats(d.data_stats, d.data_cached));
+    if (d.data_stats || d.llm_usage) {
+      FT.fill(document.getElementById("data"), ...(d.data_stats ? dataStats(d.data_stats, d.data_cached) : []),
+        d.llm_usage ? llmUsage(d.llm_usage) : null);
+    }
     FT.fill(document.getElementById("logs"), ...(d.logs.length ? d.logs.map((l) => el("li", { "data-log": l.name },
       el("a", { href: l.url, target: "_blank", text: l.name }), el("span", { class: "muted", text: ` ${l.size} bytes` }),
       l.hidden_test ? el("span", { class: "badge muted", text: "hidden test" }) : null)) : [el("li", { class: "muted", text: "none yet" })]));
