@@ -176,7 +176,7 @@ class DockerRunner:
         start = time.monotonic()
         container: Any = None
         try:
-            container = await asyncio.to_thread(self.client().containers.create, **spec)
+            container = await self._create(spec)
             await asyncio.to_thread(container.start)
             how, state = await self._supervise(container, output, timeout_s, cancel)
         except BaseException:
@@ -272,7 +272,7 @@ class DockerRunner:
         spec = self._container_spec(list(argv), cwd, dict(env or {}), sandbox or Sandbox(), label)
         container: Any = None
         try:
-            container = await asyncio.to_thread(self.client().containers.create, **spec)
+            container = await self._create(spec)
             await asyncio.to_thread(container.start)
         except BaseException:
             if container is not None:
@@ -281,6 +281,20 @@ class DockerRunner:
         resident = DockerResident(self, container, log_path)
         resident.follow()
         return resident
+
+    async def _create(self, spec: dict[str, Any]) -> Any:
+        """Create the container. Cancelled meanwhile (a cancel, the worker stopping), the engine
+        goes on creating it in its thread: it is then removed as soon as it exists, instead of
+        staying behind (created, never started) for as long as this worker lives."""
+        creating = asyncio.ensure_future(asyncio.to_thread(self.client().containers.create, **spec))
+        try:
+            return await asyncio.shield(creating)
+        except BaseException:
+            if not creating.done():
+                creating.add_done_callback(_remove_once_created)
+            elif not creating.cancelled() and creating.exception() is None:
+                _remove_once_created(creating)
+            raise
 
     # ------------------------------------------------------------------ container spec
 
@@ -445,6 +459,14 @@ def _state(container: Any) -> dict[str, Any]:
 def _remove(container: Any) -> None:
     with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
         container.remove(force=True)
+
+
+def _remove_once_created(creating: asyncio.Future[Any]) -> None:
+    """Done callback of a creation whose run was cancelled: remove the container it made, off the
+    event loop (a daemon thread: the loop may be closing)."""
+    if creating.cancelled() or creating.exception() is not None:
+        return
+    threading.Thread(target=_remove, args=(creating.result(),), name="remove-created", daemon=True).start()
 
 
 def reap_containers(client: docker.DockerClient) -> list[str]:

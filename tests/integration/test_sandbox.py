@@ -14,9 +14,12 @@ import re
 import secrets
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import docker
+import docker.models.containers
 import pytest
 
 from ftbus.embedded import EmbeddedServer
@@ -186,6 +189,37 @@ async def test_output_streams_live_and_cancel_removes_the_container(runner: Dock
         await task
     assert lines[:3] == ["tick 0", "tick 1", "tick 2"]
     assert not [c for c in _containers() if c.labels.get(LABEL_OWNER) == runner.owner]
+
+
+async def test_a_cancel_while_the_engine_creates_the_container_leaves_no_container(
+    runner: DockerRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine goes on creating a container after the run that asked for it was cancelled (the
+    creation runs in a thread): that container is removed once it exists, not left behind."""
+    collection = docker.models.containers.ContainerCollection  # client.containers is a new one each time
+    real_create = collection.create
+    creating, created = threading.Event(), threading.Event()
+
+    def slow_create(self: object, *args: object, **spec: object) -> object:
+        creating.set()
+        time.sleep(1.0)  # the cancel lands in here
+        container = real_create(self, *args, **spec)  # type: ignore[arg-type]
+        created.set()
+        return container
+
+    monkeypatch.setattr(collection, "create", slow_create)
+    with bound(request_id="rid-creating", stage="data"):
+        task = asyncio.create_task(runner.run(["sleep", "600"], cwd=tmp_path, timeout_s=300,
+                                              log_path=tmp_path / "log.txt"))
+    assert await asyncio.to_thread(creating.wait, 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await asyncio.to_thread(created.wait, 30), "the engine never created the container"
+    deadline = time.monotonic() + 20
+    while _containers("rid-creating") and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert not _containers("rid-creating"), "the container created after the cancel was left behind"
 
 
 async def test_read_only_mounts_and_nothing_else(runner: DockerRunner, tmp_path: Path, assets_dir: Path) -> None:
