@@ -8,7 +8,8 @@ the load). For each message:
                              one only the status record knows, which is read while the handler
                              starts, stops the handler as a cancel mid-run does);
 - already done (redelivery after a crash between store and ack) -> republish the stored result, ack
-                             (looked up on redeliveries only: a first delivery has nothing stored);
+                             (looked up on redeliveries and on old messages: a fresh first delivery
+                             has nothing stored);
 - handler returns         -> results stored under (request_id, stage), published with
                              ``Nats-Msg-Id = <request_id>:<stage>:<kind>``, then ack. A candidate's
                              failure is such a result: published and acked, never retried;
@@ -26,6 +27,7 @@ import contextlib
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,28 @@ class StageContext:
 Handler = Callable[[Any, StageContext], Awaitable[list[Outgoing]]]
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """What the server says of this delivery of a message."""
+
+    #: 1 on the first delivery to this consumer, more on each redelivery.
+    count: int
+    #: Seconds since the message was stored in its stream (by this worker's clock).
+    age_s: float
+
+    @classmethod
+    def of(cls, msg: Msg) -> Delivery:
+        try:
+            meta = msg.metadata
+        except Exception:  # not a JetStream message (nats-py raises on a plain reply subject)
+            return cls(1, 0.0)
+        if meta is None:
+            return cls(1, 0.0)
+        stored = meta.timestamp
+        age = (datetime.now(UTC) - stored).total_seconds() if stored.tzinfo else 0.0
+        return cls(meta.num_delivered, age)
+
+
 def _stage_key(request_id: str, stage: Stage) -> str:
     return f"{request_id}.{stage.value}"
 
@@ -104,10 +128,10 @@ class Policy:
     async def stop(self) -> None:
         """The worker stops."""
 
-    async def lookup(self, worker: StageWorker, request_id: str, deliveries: int) -> Any:
+    async def lookup(self, worker: StageWorker, request_id: str, delivery: Delivery) -> Any:
         """Read what :meth:`skip` decides from (a KV entry, say). Every policy's lookup of a message
         runs at once, so that a message waits for one round trip to the server, not one each; a
-        policy that can do without the round trip on a first delivery keeps it off every hop
+        policy that can do without the round trip on a fresh first delivery keeps it off every hop
         (docs/design.md, §9)."""
         return None
 
@@ -136,11 +160,17 @@ class IdempotencyStore(Policy):
     """Stores what the handler published under (request_id, stage); a redelivery after a crash
     between store and ack republishes it instead of running the stage again."""
 
-    async def lookup(self, worker: StageWorker, request_id: str, deliveries: int) -> bytes | None:
-        if deliveries <= 1:
+    #: A first delivery younger than this reads no stored result (see :meth:`lookup`).
+    FRESH_S = 30.0
+
+    async def lookup(self, worker: StageWorker, request_id: str, delivery: Delivery) -> bytes | None:
+        if delivery.count <= 1 and delivery.age_s < self.FRESH_S:
             # A result is stored only by handling this message, and every handling after the first
-            # is a redelivery. (The same request submitted again after the de-duplication window
-            # is a first delivery: it runs the stage again, and the aggregator, whose record is
+            # is a redelivery: a fresh first delivery has nothing stored, and the round trip would
+            # sit on every hop. An old one may be a replay (the durable consumer recreated, which
+            # delivers the whole stream again as first deliveries): it looks, so that nothing is
+            # trained twice. (The same request submitted again after the de-duplication window is
+            # a fresh first delivery: it runs the stage again, and the aggregator, whose record is
             # already final, publishes no second verdict.)
             return None
         bus = worker.bus
@@ -190,7 +220,7 @@ class SkipCancelled(Policy):
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
-    async def lookup(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
+    async def lookup(self, worker: StageWorker, request_id: str, delivery: Delivery) -> bool:
         return request_id in self._seen
 
     async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
@@ -354,7 +384,8 @@ class StageWorker:
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage.value):
-            looked = await asyncio.gather(*(policy.lookup(self, request_id, deliveries) for policy in self.policies))
+            delivery = Delivery.of(msg)
+            looked = await asyncio.gather(*(policy.lookup(self, request_id, delivery) for policy in self.policies))
             for policy, value in zip(self.policies, looked, strict=True):
                 if await policy.skip(self, request_id, value):
                     await msg.ack()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import msgpack
 import pytest
 
+from shared import codec
 from shared.bus import Bus
 from shared.events import DataResult, Stage, TrainResult
 from shared.records import RequestStatusView
@@ -104,9 +106,9 @@ async def test_a_redelivery_after_a_crash_between_store_and_ack_republishes_with
     assert (await kv.get("redelivered-1.train")).value
 
 
-async def test_a_first_delivery_runs_the_stage_without_reading_the_store(bus: Bus) -> None:
-    """The store is read on redeliveries only (one round trip less on every hop, docs/design.md §9):
-    an entry that a first delivery finds there is not taken for this message's result."""
+async def test_a_fresh_first_delivery_runs_the_stage_without_reading_the_store(bus: Bus) -> None:
+    """A fresh first delivery does not read the store (one round trip less on every hop,
+    docs/design.md §9): an entry there is not taken for this message's result."""
     runs: list[str] = []
 
     async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
@@ -123,6 +125,34 @@ async def test_a_first_delivery_runs_the_stage_without_reading_the_store(bus: Bu
         await stage.close()
     assert runs == ["first-1"]
     assert await published(bus, bus.subjects.train_completed) == 1
+
+
+async def test_an_old_first_delivery_a_replay_finds_its_stored_result(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable consumer recreated (an operator, a lost consumer) delivers the whole stream again,
+    every message as a first delivery: an old message still looks for its stored result, so that
+    nothing is trained twice."""
+    monkeypatch.setattr(IdempotencyStore, "FRESH_S", 1.0)  # 30 s in service: the test waits 1.5 s
+    runs: list[str] = []
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        runs.append(event.request_id)
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    stored = msgpack.packb([[bus.subjects.train_completed, "completed", codec.encode(result_of("replayed-1"))]],
+                           use_bin_type=True)
+    await kv.put("replayed-1.train", stored)  # what the first consumer's handling stored
+    await send(bus, "replayed-1")
+    await asyncio.sleep(1.5)  # the message is old when the (new) consumer delivers it
+    stage = TrainStage(bus, handle, stage_policies())
+    try:
+        await poll(lambda: acked(bus), "the replayed message acknowledged", timeout_s=60)
+    finally:
+        await stage.close()
+    assert runs == [], "a replayed message ran its stage again"
+    assert await published(bus, bus.subjects.train_completed) == 1  # the stored result, republished
 
 
 async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_starts(bus: Bus) -> None:
