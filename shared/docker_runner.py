@@ -290,10 +290,7 @@ class DockerRunner:
         try:
             return await asyncio.shield(creating)
         except BaseException:
-            if not creating.done():
-                creating.add_done_callback(_remove_once_created)
-            elif not creating.cancelled() and creating.exception() is None:
-                _remove_once_created(creating)
+            creating.add_done_callback(_remove_once_created)  # now, or once the engine made it
             raise
 
     # ------------------------------------------------------------------ container spec

@@ -101,8 +101,6 @@ class Delivery:
             meta = msg.metadata
         except Exception:  # not a JetStream message (nats-py raises on a plain reply subject)
             return cls(1, 0.0)
-        if meta is None:
-            return cls(1, 0.0)
         stored = meta.timestamp
         age = (datetime.now(UTC) - stored).total_seconds() if stored.tzinfo else 0.0
         return cls(meta.num_delivered, age)
@@ -370,7 +368,8 @@ class StageWorker:
     # ------------------------------------------------------------------ one message
 
     async def _process(self, msg: Msg) -> None:
-        deliveries = msg.metadata.num_delivered if msg.metadata else 1
+        delivery = Delivery.of(msg)
+        deliveries = delivery.count
         try:
             event = codec.decode(msg.data, self.expected)
         except codec.CodecError as err:
@@ -384,7 +383,6 @@ class StageWorker:
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage.value):
-            delivery = Delivery.of(msg)
             looked = await asyncio.gather(*(policy.lookup(self, request_id, delivery) for policy in self.policies))
             for policy, value in zip(self.policies, looked, strict=True):
                 if await policy.skip(self, request_id, value):
@@ -482,10 +480,6 @@ class StageWorker:
         interval = min(self.bus.settings.heartbeat_s, self.bus.settings.ack_wait_s / 3)
         first = True
         while beating.is_set():
-            if not first:
-                await asyncio.sleep(interval)
-                if not beating.is_set():
-                    return
             try:
                 if not first:
                     await msg.in_progress()
@@ -496,6 +490,7 @@ class StageWorker:
             except Exception as exc:  # a lost connection: the next beat may get through
                 log.warning("heartbeat failed", error=str(exc))
             first = False
+            await asyncio.sleep(interval)
 
     async def _dead_letter(self, msg: Msg, reason: str, request_id: str | None, deliveries: int) -> None:
         seq = msg.metadata.sequence.stream if msg.metadata else 0
