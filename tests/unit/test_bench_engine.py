@@ -116,3 +116,20 @@ def test_the_engine_loads_each_model_with_the_gpu_settings_of_its_job(tmp_path: 
                     "scratch": str(tmp_path / "scratch-3"), "seed": 7, "gpu_memory_utilization": 0.5,
                     "max_model_len": 2048, "enforce_eager": False}
     assert name == "vllm" and "trust_remote_code" not in loaded
+
+
+def test_removing_a_dead_workers_engine_folder_never_follows_a_link_out_of_it(tmp_path: Path) -> None:
+    """The exchange folder was the engine container's to write: a link left there to something
+    outside (the benchmarks folder, say) is removed as a link, never followed."""
+    settings = Settings(home=tmp_path / "home")
+    outside = tmp_path / "benchmarks"
+    (outside / "test").mkdir(parents=True)
+    (outside / "test" / "items.jsonl").write_text("secret")
+    folder = engines_dir(settings) / "dead"
+    (folder / "exchange").mkdir(parents=True)
+    (folder / "exchange" / "link").symlink_to(outside, target_is_directory=True)
+    (folder / "exchange" / "file-link").symlink_to(outside / "test" / "items.jsonl")
+    (folder / OWNER_FILE).write_text(f"{socket.gethostname()}:999999999:1.00")
+    assert [p.name for p in reap_engine_folders(settings)] == ["dead"]
+    assert not folder.exists()
+    assert (outside / "test" / "items.jsonl").read_text() == "secret"
