@@ -31,11 +31,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from nats.js.errors import NoKeysError
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftbus.bus_client import FtbusClient, ProgressCallback, WaitTimeout
 from shared.events import Progress, Report, TaskSpec, Timeouts, Verdict
+from shared.kv_scan import list_keys
 from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
 
@@ -226,10 +226,7 @@ class Client:
         wanted = {status} if isinstance(status, str) else (set(status) if status is not None else None)
         conn = self.connection
         kv = await conn.bus.kv(conn.s.kv_status)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return []
+        keys = await list_keys(conn.bus.js, conn.s.kv_status)
         views: list[RequestStatusView] = []
         for key in keys:
             with contextlib.suppress(Exception):  # a key deleted between keys() and get()

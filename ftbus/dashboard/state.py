@@ -28,6 +28,7 @@ from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
 from shared.events import DeadLetter, Progress, Report, Stage, Verdict
+from shared.kv_scan import BucketWatch
 from shared.logs import get_logger
 from shared.records import RequestRecord
 from shared.settings import Settings
@@ -156,27 +157,26 @@ class DashboardState:
         failures = 0
         while True:
             self._restart_watch.clear()
-            watcher = None
             try:
-                kv = await self.bus.js.key_value(bucket)
-                watcher = await kv.watchall()
-                seen: set[str] = set()
-                initial = True
-                while not self._restart_watch.is_set():
-                    try:
-                        entry = await watcher.updates(timeout=1.0)
-                    except nats.errors.TimeoutError:
-                        continue  # nothing changed this second: look at _restart_watch again
-                    if entry is None:  # the snapshot is complete
-                        if initial:
-                            for gone in set(self.records) - seen:
-                                self.records.pop(gone, None)
-                            initial = False
-                            self.records_ready.set()
-                            self.hub.publish({"type": "records", "request_id": None})
-                        continue
-                    seen.add(entry.key)
-                    self._apply(entry.key, entry.value, entry.operation)
+                await self.bus.js.key_value(bucket)  # raises until the bucket exists
+                async with BucketWatch(self.bus.js, bucket) as watch:
+                    seen: set[str] = set()
+                    initial = True
+                    while not self._restart_watch.is_set():
+                        try:
+                            change = await watch.next(timeout_s=1.0)
+                        except nats.errors.TimeoutError:
+                            continue  # nothing changed this second: look at _restart_watch again
+                        if change is None:  # the snapshot is complete
+                            if initial:
+                                for gone in set(self.records) - seen:
+                                    self.records.pop(gone, None)
+                                initial = False
+                                self.records_ready.set()
+                                self.hub.publish({"type": "records", "request_id": None})
+                            continue
+                        seen.add(change.key)
+                        self._apply(change.key, change.value, change.operation)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -188,10 +188,6 @@ class DashboardState:
                 await asyncio.sleep(1.0)
             else:
                 failures = 0
-            finally:
-                if watcher is not None:
-                    with contextlib.suppress(Exception):
-                        await watcher.stop()
 
     def _apply(self, key: str, value: bytes | None, operation: str | None) -> None:
         if operation in ("DEL", "PURGE") or not value:

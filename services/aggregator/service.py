@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 import nats
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from services.aggregator.verdicts import (
@@ -53,6 +53,7 @@ from shared.events import (
     TrainResult,
     utcnow,
 )
+from shared.kv_scan import list_keys
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord, StageTiming
 from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
@@ -470,11 +471,8 @@ class Aggregator:
                 log.exception("sweep failed")
 
     async def sweep(self) -> None:
-        kv = await self.kv()
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return
+        await self.kv()  # the bucket exists
+        keys = await list_keys(self.bus.js, self.s.kv_requests)
         now = utcnow()
         for key in keys:
             record, _ = await self.get(key)

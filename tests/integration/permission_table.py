@@ -19,6 +19,7 @@ from nats.js import api
 
 from shared.bus import Bus
 from shared.events import Stage
+from shared.kv_scan import list_keys
 from shared.subjects import Subjects
 
 S = Subjects("ftbus")
@@ -221,9 +222,11 @@ def kv_get(bucket: str) -> OpFn:
 
 
 def kv_keys(bucket: str) -> OpFn:
+    """The listing the dashboard, the client and the aggregator's sweep do (shared/kv_scan.py)."""
+
     async def run(bus: Bus, ctx: Context) -> None:
-        kv = await bus.guard(bus.js.key_value(bucket))
-        keys = await bus.guard(kv.keys())
+        await bus.guard(bus.js.key_value(bucket))
+        keys = await bus.guard(list_keys(bus.js, bucket))
         assert SEED_KEY in keys
 
     return run
