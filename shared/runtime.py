@@ -39,7 +39,7 @@ from pydantic import BaseModel
 from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
-from shared.consumer import consume
+from shared.consumer import Slot, consume
 from shared.events import CancelRequested, DeadLetter, Progress, Stage
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
@@ -69,6 +69,7 @@ class StageContext:
     deliveries: int
     workdir: Path
     subject: str = ""
+    slot: Slot | None = None
 
     @property
     def settings(self) -> Settings:
@@ -77,6 +78,12 @@ class StageContext:
     @property
     def subjects(self) -> Subjects:
         return self.bus.subjects
+
+    def device_done(self) -> None:
+        """This message's device work (the GPU run) is over: the worker may fetch its next message
+        while this one finishes (uploads, results). A no-op for a stage without device slots."""
+        if self.slot is not None:
+            self.slot.release()
 
     async def progress(self, state: str = "running", **fields: Any) -> None:
         event = Progress(request_id=self.request_id, stage=self.stage, state=state, **fields)  # type: ignore[arg-type]
@@ -305,6 +312,7 @@ class StageWorker:
         expected: tuple[type[BaseModel], ...],
         *,
         concurrency: int = 1,
+        device_slots: int | None = None,
         runner: Runner | None = None,
         stream: str | None = None,
         durable: str | None = None,
@@ -318,6 +326,10 @@ class StageWorker:
         self.handler = handler
         self.expected = expected
         self.concurrency = max(1, concurrency)
+        #: None: each loop takes its next message when its last one is done. A number: the loops
+        #: share this many device slots (``concurrency`` loops, more than slots, so that a message
+        #: finishing after its device work overlaps the next one's: shared/consumer.py).
+        self.device_slots = device_slots
         settings = bus.settings
         toolchain = settings.toolchain_path()
         self.runner = runner or LocalRunner(
@@ -348,7 +360,7 @@ class StageWorker:
             # On stop, do not finish a training that may take hours: the loops are cancelled (the
             # runner kills its process tree) and the message naked, so another worker takes it.
             await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
-                          concurrency=self.concurrency, what=self.stage.value)
+                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage.value)
         finally:
             for policy in self.policies:
                 await policy.stop()
@@ -367,7 +379,7 @@ class StageWorker:
 
     # ------------------------------------------------------------------ one message
 
-    async def _process(self, msg: Msg) -> None:
+    async def _process(self, msg: Msg, slot: Slot | None = None) -> None:
         delivery = Delivery.of(msg)
         deliveries = delivery.count
         try:
@@ -388,12 +400,12 @@ class StageWorker:
                 if await policy.skip(self, request_id, value):
                     await msg.ack()
                     return
-            await self._handle(msg, event, deliveries)
+            await self._handle(msg, event, deliveries, slot)
 
-    async def _handle(self, msg: Msg, event: Any, deliveries: int) -> None:
+    async def _handle(self, msg: Msg, event: Any, deliveries: int, slot: Slot | None = None) -> None:
         workdir = self.bus.settings.work / self.stage.value / f"{event.request_id}-{deliveries}"
         try:
-            await self._handle_in(workdir, msg, event, deliveries)
+            await self._handle_in(workdir, msg, event, deliveries, slot)
         finally:
             # Once the results are out and the message acked, off the event loop, and without
             # holding up this loop's next message (a training's outputs take a while to delete).
@@ -401,11 +413,12 @@ class StageWorker:
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
 
-    async def _handle_in(self, workdir: Path, msg: Msg, event: Any, deliveries: int) -> None:
+    async def _handle_in(self, workdir: Path, msg: Msg, event: Any, deliveries: int, slot: Slot | None) -> None:
         request_id: str = event.request_id
         artifacts = await self.bus.artifacts()
         ctx = StageContext(
-            self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject
+            self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject,
+            slot=slot,
         )
         self._note("stage started", delivery=deliveries, subject=msg.subject)
         for policy in self.policies:

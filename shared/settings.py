@@ -79,7 +79,9 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Messages one worker of a stage handles at once, by stage (data, train, bench, judge, "
         "aggregate), over the stage's own default: data 32, judge 16, aggregate 32, train and bench 1 (one "
-        "per GPU: scale those with workers). `--concurrency` overrides both.",
+        "per GPU: scale those with workers). For train, the number is its GPU runs at once: a train worker "
+        "takes its next message as soon as a training process exits, while the last one's outputs upload. "
+        "`--concurrency` overrides both.",
     )
     data_concurrent_runs: int = Field(
         default=2, ge=1,

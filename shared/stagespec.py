@@ -52,6 +52,11 @@ class StageSpec:
     #: ``--concurrency``): many for a light stage, which mostly waits on the server, one for a
     #: stage that holds a GPU (scale those with workers).
     concurrency: int = 1
+    #: Its handler holds a device (a GPU) for part of its work and says when that part is over
+    #: (``ctx.device_done()``): ``concurrency`` is then the device slots, and the worker runs two
+    #: messages per slot, so that the next one starts as the last one's device work ends instead
+    #: of after its uploads (shared/consumer.py).
+    device_phase: bool = False
     #: Policies its worker runs besides :func:`shared.runtime.stage_policies` (e.g. the bench
     #: worker's warm engine, stopped when the worker stops).
     extra_policies: Callable[[], Sequence[Policy]] = tuple
@@ -84,5 +89,7 @@ class StageSpec:
         assert self.handler is not None, f"{self.stage.value} has no plain handler"
         if policies is None:
             policies = (*stage_policies(), *self.extra_policies())
-        return StageWorker(bus, self.stage, self.handler, self.accepts, concurrency=concurrency, runner=runner,
-                           filters=self.consumes(bus.subjects), policies=policies)
+        slots = concurrency if self.device_phase else None
+        return StageWorker(bus, self.stage, self.handler, self.accepts,
+                           concurrency=2 * concurrency if self.device_phase else concurrency,
+                           device_slots=slots, runner=runner, filters=self.consumes(bus.subjects), policies=policies)

@@ -40,7 +40,7 @@ from services.aggregator.verdicts import (
 )
 from shared import codec
 from shared.bus import Bus
-from shared.consumer import consume
+from shared.consumer import Slot, consume
 from shared.events import (
     BenchResult,
     CancelRequested,
@@ -425,7 +425,7 @@ class Aggregator:
         await consume(self.bus, self.s.stream_advisories, f"{self.s.durable(Stage.aggregate)}-advisories", [">"],
                       self._on_advisory, stop, what="aggregate")
 
-    async def _on_advisory(self, msg: Any) -> None:
+    async def _on_advisory(self, msg: Any, slot: Slot) -> None:
         try:
             await self._on_max_deliveries(json.loads(msg.data))
             await msg.ack()

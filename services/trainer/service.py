@@ -97,6 +97,9 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
         stop_following.set()
         with contextlib.suppress(Exception):
             await follower
+    # The trainer has exited and the GPU is free: the next candidate may start training while
+    # this one's outputs upload.
+    ctx.device_done()
 
     log_ref = await ctx.artifacts.put_file(f"{rid}/logs/training.log", log_path)
     kind, model_files = find_model_files(output_dir)
@@ -141,4 +144,4 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
 SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
                  consumes=lambda s: [s.data_completed], accepts=(DataResult,),
                  emits=lambda s: [s.train_completed, s.train_failed],
-                 disk_quota=lambda settings: settings.train_disk_quota_bytes)
+                 disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True)

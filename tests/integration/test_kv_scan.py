@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
 
 from shared.bus import Bus
@@ -60,16 +61,60 @@ def kv_deliveries_read_late(delay_s: float = 0.3) -> Iterator[None]:
         NatsClient._process_msg = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def kv_deliveries_read_after_the_consumer_info() -> Iterator[None]:
+    """The exact moment of the race, made certain: a KV listing's consumer info is answered only
+    once the server has delivered everything (its num_pending is 0), and the client reads those
+    deliveries only after that answer came back."""
+    original_process = NatsClient._process_msg
+    original_info = JetStreamContext.PushSubscription.consumer_info
+    held: list[Callable[[], Awaitable[None]]] = []
+    tasks: set[asyncio.Task[Any]] = set()
+
+    async def process(self: NatsClient, sid: int, subject: bytes, reply: bytes, data: bytes,
+                      headers: bytes) -> None:
+        if reply and reply.startswith(b"$JS.ACK.KV_"):
+            held.append(lambda: original_process(self, sid, subject, reply, data, headers))
+            return
+        await original_process(self, sid, subject, reply, data, headers)
+
+    async def release_held() -> None:
+        await asyncio.sleep(0.05)  # after the caller has acted on the info
+        while held:
+            await held.pop(0)()
+
+    async def info(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for _ in range(300):
+            result = await original_info(self, *args, **kwargs)
+            if result.num_pending == 0:
+                break
+            await asyncio.sleep(0.02)
+        task = asyncio.create_task(release_held())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return result
+
+    NatsClient._process_msg = process  # type: ignore[method-assign]
+    JetStreamContext.PushSubscription.consumer_info = info  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        NatsClient._process_msg = original_process  # type: ignore[method-assign]
+        JetStreamContext.PushSubscription.consumer_info = original_info  # type: ignore[method-assign]
+
+
 async def test_list_keys_finds_what_a_late_read_hides_from_nats_py(bus: Bus) -> None:
     bucket = await new_bucket(bus)
     kv = await bus.kv(bucket)
     await kv.put("request-1", b"{}")
-    with kv_deliveries_read_late():
+    with kv_deliveries_read_after_the_consumer_info():
         # The fault is real: nats-py's own listing says the bucket is empty...
         with pytest.raises(NoKeysError):
             await kv.keys()
         # ...and ours waits for the message the server says it delivered.
         assert await list_keys(bus.js, bucket) == ["request-1"]
+    # Read at once, both agree.
+    assert await kv.keys() == await list_keys(bus.js, bucket) == ["request-1"]
 
 
 async def test_list_keys_leaves_removed_keys_out_and_an_empty_bucket_is_empty(bus: Bus) -> None:
