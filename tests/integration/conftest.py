@@ -66,6 +66,15 @@ def settings(tmp_path: Path, nats_server: EmbeddedServer, standin_bin: Path, ass
     )
 
 
+@pytest.fixture
+async def bus(settings: Settings) -> AsyncIterator[Bus]:
+    """A connection to this test's topology (streams, buckets, consumers of its prefix)."""
+    bus = await Bus.connect(settings, name="integration-test")
+    await bus.ensure_topology()
+    yield bus
+    await bus.close()
+
+
 class Pipeline:
     """Services running in this process (each stage its own task), plus a client."""
 

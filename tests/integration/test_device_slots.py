@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
-
-import pytest
 
 from services.trainer.service import SPEC as TRAIN_SPEC
 from shared.bus import Bus
@@ -20,14 +17,6 @@ from tests.integration.test_delivery import poll
 from tests.integration.test_stage_runtime import acked, result_of, send, stage_policies
 
 WAIT_S = 30.0
-
-
-@pytest.fixture
-async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(settings, name="device-slots-test")
-    await bus.ensure_topology()
-    yield bus
-    await bus.close()
 
 
 class Device:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,14 +17,6 @@ from nats.js.errors import NoKeysError
 
 from shared.bus import Bus
 from shared.kv_scan import BucketWatch, KeyChange, list_keys
-from shared.settings import Settings
-
-
-@pytest.fixture
-async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(settings, name="kv-scan-test")
-    yield bus
-    await bus.close()
 
 
 async def new_bucket(bus: Bus) -> str:

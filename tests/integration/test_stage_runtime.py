@@ -5,7 +5,7 @@ ends even when a beat takes its cancel for a result."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import msgpack
 import pytest
@@ -23,20 +23,11 @@ from shared.runtime import (
     StageContext,
     StageWorker,
 )
-from shared.settings import Settings
 from shared.subjects import msg_id
 from tests.fakes.judge_events import data_failed, train_failed
 from tests.integration.test_delivery import caught_up, poll
 
 Handler = Callable[[DataResult, StageContext], Awaitable[list[Outgoing]]]
-
-
-@pytest.fixture
-async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(settings, name="runtime-test")
-    await bus.ensure_topology()
-    yield bus
-    await bus.close()
 
 
 class TrainStage:
