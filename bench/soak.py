@@ -5,7 +5,7 @@ One nats-server, every stage as its own `ftbus worker` process, the stand-in too
 kept ``--in-flight`` at a time. Each service's resident memory (VmRSS) is sampled after a warm-up
 and then every ``--every`` requests; the growth per 1,000 requests is the slope of a least-squares
 line through the samples after the warm-up. Exits 1 when a service grows more than
-``--max-growth-mb`` per 1,000 requests.
+``--max-growth-mb`` per 1,000 requests, or when a verdict is not what its workspace asks for.
 
     python bench/soak.py [--requests 1000] [--in-flight 12] [--max-growth-mb 20]
 """
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from chaos.cluster import Cluster  # noqa: E402
-from chaos.load import TASK, workspace  # noqa: E402
+from chaos.load import EXPECTED, TASK, workspace  # noqa: E402
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain  # noqa: E402
 from ftbus.bus_client import FtbusClient  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402
@@ -53,6 +53,8 @@ async def soak(args: argparse.Namespace, root: Path) -> int:
         "nats_url": cluster.url, "subject_prefix": prefix, "home": str(root / "home"),
         "assets_dir": str(standin_assets(root / "assets")), "toolchain_bin": str(standin_toolchain(root / "bin")),
         "sandbox": "local", "dashboard_in_up": "false", "log_format": "json", "log_level": "WARNING",
+        # The stand-in lm_eval is a command, not a harness a warm engine can import (as chaos/run.py).
+        "bench_engine": "cold",
         "ack_wait_s": 30, "heartbeat_s": 5, "sweep_interval_s": 5,
     }
     services = Services(root / "logs", settings, per_stage=1, concurrency=args.concurrency)
@@ -61,6 +63,7 @@ async def soak(args: argparse.Namespace, root: Path) -> int:
     samples: dict[str, list[tuple[int, int]]] = {s.name: [] for s in services.all}
     done = 0
     outcomes: dict[str, int] = {}
+    wrong: list[str] = []
     kinds = ["pass"] * 8 + ["data_fail", "train_fail"]
     sem = asyncio.Semaphore(args.in_flight)
     started = time.monotonic()
@@ -80,6 +83,9 @@ async def soak(args: argparse.Namespace, root: Path) -> int:
             verdict = await client.wait(rid, timeout_s=600)
             key = f"{verdict.status}/{verdict.final_decision}"
             outcomes[key] = outcomes.get(key, 0) + 1
+            if not EXPECTED[kind].matches(verdict):
+                # A soak of a broken pipeline measures nothing: say so, and fail.
+                wrong.append(f"{rid} ({kind}): {key}, failed_stage {verdict.failed_stage}, {verdict.execution[:200]}")
             done += 1
             if done == args.warmup or (done > args.warmup and done % args.every == 0):
                 sample()
@@ -108,9 +114,16 @@ async def soak(args: argparse.Namespace, root: Path) -> int:
         first = after[0][1] / MB if after else float("nan")
         last = after[-1][1] / MB if after else float("nan")
         print(f"{name:<12} {first:>15.1f} MB {last:>8.1f} MB {growth:>+16.2f} MB")
+    growths = {name: slope([p for p in points if p[0] >= args.warmup]) for name, points in samples.items()}
+    if growths:  # the largest grower's curve: a cache filling up flattens, a leak does not
+        name = max(growths, key=lambda n: growths[n])
+        curve = [f"{n}: {rss / MB:.1f}" for n, rss in samples[name] if n >= args.warmup]
+        print(f"{name} RSS (MB) by requests done: " + ", ".join(curve))
     if left:
         print(f"leftover processes: {left}")
-    ok = worst <= args.max_growth_mb and not left
+    if wrong:
+        print(f"{len(wrong)} verdicts not what their workspace asks for, e.g.:\n  " + "\n  ".join(wrong[:5]))
+    ok = worst <= args.max_growth_mb and not left and not wrong
     print(f"largest growth {worst:+.2f} MB per 1,000 requests (limit {args.max_growth_mb} MB): "
           f"{'flat' if ok else 'GROWING'}")
     return 0 if ok else 1

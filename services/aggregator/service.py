@@ -258,6 +258,12 @@ class Aggregator:
                 self._locks[request_id] = (lock, users - 1)
 
     def _remember(self, record: RequestRecord, revision: int) -> None:
+        if record.verdict_published and record.report_published:
+            # Over: only a rare late event touches it again, and that one reads it. Remembering
+            # finished records (tens of KB each) made the aggregator grow by 30 MB in its first
+            # RECORD_MEMORY requests (bench/soak.py); now it holds only requests under way.
+            self._records.pop(record.request_id, None)
+            return
         self._records[record.request_id] = (record, revision)
         self._records.move_to_end(record.request_id)
         while len(self._records) > RECORD_MEMORY:
