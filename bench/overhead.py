@@ -4,7 +4,8 @@ One request at a time through the whole pipeline (real nats-server, every stage 
 the stand-in tools: bench/standin_pipeline.py): its time from the request's publish to its
 verdict's arrival, minus the time its stages spent in their handlers (the stages' own work). What
 remains is what ftbus adds: consumers, acks, the idempotency and status records, progress, the
-aggregator and the verdict. Beside it: a message through five raw JetStream pull consumers
+aggregator and the verdict. The same again with every stage in one process (the layout of
+`ftbus up`), where no hop wakes another process. Beside it: a message through five raw JetStream pull consumers
 (fetch, publish to the next subject, ack) on the same server, one connection per hop, measured
 twice: all five in one process (the issue's comparison, and the target's), and each in a process
 of its own, the way the stages run (so the second ratio shows what ftbus adds beyond the process
@@ -137,42 +138,52 @@ async def raw_hops(url: str, messages: int, hops: int = 5, *, processes: bool = 
     return times
 
 
+async def request_overheads(stand: Stand, root: Path, requests: int, tag: str) -> tuple[list[float], list[float]]:
+    """(overheads, wall times) in seconds of ``requests`` requests sent one at a time, after two
+    for warm-up; each one's per-hop timeline goes to stderr."""
+    sub, verdicts = await stand.verdicts()
+    overheads: list[float] = []
+    walls: list[float] = []
+    for n in range(requests + 2):
+        rid = f"{tag}{n}-{secrets.token_hex(3)}"
+        ws = workspace(root / "ws" / rid, steps=1, step_s=0.01, salt=rid)
+        event = await stand.upload(ws, rid)
+        start = time.time()
+        await stand.publish(event)
+        while True:  # a verdict the stream refused as a repeat still reaches core subscribers
+            got, at, _ = await asyncio.wait_for(verdicts.get(), timeout=120)
+            if got == rid:
+                break
+        await asyncio.sleep(0.3)  # the last stage's timing line is written after its return
+        work = sum(stand.stage_times()[rid].values())
+        if n >= 2:  # warm-up: imports, first connections, the baseline cache
+            walls.append(at - start)
+            overheads.append(at - start - work)
+            spans = stand.spans()[rid]
+            marks = [("publish", start), *((f"{st}", spans[st]) for st in ("data", "train", "bench", "judge"))]
+            prev, gaps = start, []
+            for name, span in marks[1:]:
+                gaps.append(f"->{name} {1000 * (span[0] - prev):.1f}")
+                prev = span[1]
+            gaps.append(f"->verdict {1000 * (at - prev):.1f}")
+            for name in ("data", "train", "bench", "judge"):
+                gaps.append(f"[{name} {1000 * (spans[name][1] - spans[name][0]):.0f}]")
+            print(f"{tag} gaps ms:", " ".join(gaps), file=sys.stderr)
+    await sub.unsubscribe()
+    return overheads, walls
+
+
 async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[str, object]]:
-    async with Stand(root) as stand:
+    async with Stand(root / "apart") as stand:
         raw = await raw_hops(stand.settings.nats_url, hops_messages)
         raw_apart = await raw_hops(stand.settings.nats_url, hops_messages, processes=True)
-        sub, verdicts = await stand.verdicts()
-        overheads: list[float] = []
-        walls: list[float] = []
-        for n in range(requests + 2):
-            rid = f"ovh{n}-{secrets.token_hex(3)}"
-            ws = workspace(root / "ws" / rid, steps=1, step_s=0.01, salt=rid)
-            event = await stand.upload(ws, rid)
-            start = time.time()
-            await stand.publish(event)
-            while True:  # a verdict the stream refused as a repeat still reaches core subscribers
-                got, at, _ = await asyncio.wait_for(verdicts.get(), timeout=120)
-                if got == rid:
-                    break
-            await asyncio.sleep(0.3)  # the last stage's timing line is written after its return
-            work = sum(stand.stage_times()[rid].values())
-            if n >= 2:  # warm-up: imports, first connections, the baseline cache
-                walls.append(at - start)
-                overheads.append(at - start - work)
-                spans = stand.spans()[rid]
-                marks = [("publish", start), *((f"{st}", spans[st]) for st in ("data", "train", "bench", "judge"))]
-                prev, gaps = start, []
-                for name, span in marks[1:]:
-                    gaps.append(f"->{name} {1000 * (span[0] - prev):.1f}")
-                    prev = span[1]
-                gaps.append(f"->verdict {1000 * (at - prev):.1f}")
-                for name in ("data", "train", "bench", "judge"):
-                    gaps.append(f"[{name} {1000 * (spans[name][1] - spans[name][0]):.0f}]")
-                print("gaps ms:", " ".join(gaps), file=sys.stderr)
-        await sub.unsubscribe()
+        overheads, walls = await request_overheads(stand, root, requests, "ovh")
+    async with Stand(root / "together", one_process=True) as stand:
+        together, _ = await request_overheads(stand, root, requests, "one")
     raw_ms = median(raw) * 1000
     apart_ms = median(raw_apart) * 1000
     over_ms = median(overheads) * 1000
+    together_ms = median(together) * 1000
     ratio = over_ms / raw_ms
     return [
         {"measure": "5 raw JetStream hops, one process (median)", "value": f"{raw_ms:.2f} ms", "target": None,
@@ -187,6 +198,8 @@ async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[st
          "target": f"<= {TARGET_RATIO:.0f}x", "met": ratio <= TARGET_RATIO},
         {"measure": "overhead vs 5 raw JetStream hops, a process each", "value": f"{over_ms / apart_ms:.1f}x",
          "target": None, "met": None},
+        {"measure": "overhead, every stage in one process (ftbus up), vs raw hops in one process",
+         "value": f"{together_ms:.1f} ms, {together_ms / raw_ms:.1f}x", "target": None, "met": None},
     ]
 
 

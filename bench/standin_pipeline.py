@@ -8,7 +8,7 @@ addition is a timer around each stage's handler, so that a bench can tell a stag
 KV records, progress, the aggregator, the verdict). The aggregator has no handler of its own:
 all of its time is orchestration.
 
-    python bench/standin_pipeline.py --worker STAGE --timings FILE [--concurrency N]
+    python bench/standin_pipeline.py --worker STAGE|all --timings FILE [--concurrency N]
 
 is that worker process (started by :class:`Stand`, not by hand). Diagnostics: ``BENCH_LOG_LEVEL``
 sets the workers' log level (default INFO, as deployed); ``BENCH_PROFILE_DIR`` makes each worker
@@ -47,6 +47,7 @@ def _stage_default_concurrency() -> bool:
 
 
 async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> None:
+    """One stage's worker process; ``all``: every stage in this one process, as ``ftbus up`` runs them."""
     from ftbus import cli
     from shared.bus import Bus
     from shared.events import Stage
@@ -55,20 +56,20 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
 
     settings = Settings()
     setup_logging(settings.log_format, settings.log_level)
-    stage = Stage(stage_name)
+    stages = list(Stage) if stage_name == "all" else [Stage(stage_name)]
     out = timings.open("a", buffering=1)
     specs = []
     for spec in cli.PIPELINE:
-        if spec.stage is stage and spec.handler is not None:
-            inner = spec.handler
+        if spec.stage in stages and spec.handler is not None:
+            inner, name = spec.handler, spec.stage.value
 
-            async def timed(event: Any, ctx: Any, inner: Any = inner) -> Any:
+            async def timed(event: Any, ctx: Any, inner: Any = inner, name: str = name) -> Any:
                 t0 = time.time()
                 try:
                     return await inner(event, ctx)
                 finally:
                     t1 = time.time()
-                    out.write(json.dumps({"rid": event.request_id, "stage": stage_name, "t0": t0, "t1": t1}) + "\n")
+                    out.write(json.dumps({"rid": event.request_id, "stage": name, "t0": t0, "t1": t1}) + "\n")
 
             spec = dataclasses.replace(spec, handler=timed)
         specs.append(spec)
@@ -82,17 +83,20 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
     bus = await Bus.connect(settings, name=f"ftbus-{stage_name}")
     try:
         await bus.ensure_topology()
-        await cli.run_services(bus, [stage], concurrency, stop)  # type: ignore[arg-type]
+        await cli.run_services(bus, stages, concurrency, stop)
     finally:
         await bus.close()
         out.close()
 
 
 class Stand:
-    """nats-server + one worker process per stage + a client connection, under ``root``."""
+    """nats-server + one worker process per stage (``one_process``: one for all stages, as
+    ``ftbus up``) + a client connection, under ``root``."""
 
-    def __init__(self, root: Path, *, concurrency: dict[str, int] | None = None, log_level: str = "INFO") -> None:
+    def __init__(self, root: Path, *, concurrency: dict[str, int] | None = None, log_level: str = "INFO",
+                 one_process: bool = False) -> None:
         self.root = root
+        self.one_process = one_process
         self.concurrency = concurrency or {}
         self.log_level = log_level
         self.server: Any = None
@@ -130,7 +134,7 @@ class Stand:
         return self
 
     def _start_workers(self, env: dict[str, str]) -> None:
-        for stage in STAGES:
+        for stage in ("all",) if self.one_process else STAGES:
             argv = [sys.executable, str(Path(__file__).resolve()), "--worker", stage, "--timings", str(self.timings)]
             if stage in self.concurrency:
                 argv += ["--concurrency", str(self.concurrency[stage])]
@@ -177,7 +181,8 @@ class Stand:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) each worker process has used so far, and the server's."""
         tick = os.sysconf("SC_CLK_TCK")
-        pids = dict(zip(STAGES, (p.pid for p in self.procs), strict=True))
+        names = ("all",) if self.one_process else STAGES
+        pids = dict(zip(names, (p.pid for p in self.procs), strict=True))
         if self.server is not None and self.server.pid:
             pids["nats-server"] = self.server.pid
         out = {}
@@ -295,7 +300,7 @@ def emit(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", choices=STAGES, required=True)
+    parser.add_argument("--worker", choices=(*STAGES, "all"), required=True)
     parser.add_argument("--timings", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, default=None)
     args = parser.parse_args()
