@@ -133,8 +133,13 @@ class Stand:
         await self._wait_for_consumers()
         return self
 
+    @property
+    def worker_names(self) -> tuple[str, ...]:
+        """The ``--worker`` of each worker process, in start order."""
+        return ("all",) if self.one_process else STAGES
+
     def _start_workers(self, env: dict[str, str]) -> None:
-        for stage in ("all",) if self.one_process else STAGES:
+        for stage in self.worker_names:
             argv = [sys.executable, str(Path(__file__).resolve()), "--worker", stage, "--timings", str(self.timings)]
             if stage in self.concurrency:
                 argv += ["--concurrency", str(self.concurrency[stage])]
@@ -181,8 +186,7 @@ class Stand:
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) each worker process has used so far, and the server's."""
         tick = os.sysconf("SC_CLK_TCK")
-        names = ("all",) if self.one_process else STAGES
-        pids = dict(zip(names, (p.pid for p in self.procs), strict=True))
+        pids = dict(zip(self.worker_names, (p.pid for p in self.procs), strict=True))
         if self.server is not None and self.server.pid:
             pids["nats-server"] = self.server.pid
         out = {}

@@ -32,7 +32,6 @@ from shared.tasks import cancel_until_done
 log = get_logger("ftbus.consumer")
 
 
-
 class Slot:
     """One loop's hold on a device slot for one message; releasing twice is harmless."""
 
@@ -43,10 +42,6 @@ class Slot:
         if self._gate is not None:
             gate, self._gate = self._gate, None
             gate.release()
-
-    @property
-    def held(self) -> bool:
-        return self._gate is not None
 
 
 OnMessage = Callable[[Msg, Slot], Awaitable[None]]
