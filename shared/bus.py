@@ -104,6 +104,10 @@ class _SubjectMemoryClient(NatsClient):
 
 
 
+#: A publish that may not have reached a stream (the server briefly away): safe to send again.
+_RETRYABLE_PUBLISH = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
+
+
 class TopologyMismatch(RuntimeError):
     """A stream exists with settings this deployment cannot change in place."""
 
@@ -396,12 +400,25 @@ class Bus:
         self, subject: str, event: BaseModel, msg_id: str | None = None, *, retries: int = 5
     ) -> api.PubAck:
         """JetStream publish with de-duplication id, retried while the server is briefly away."""
-        payload = codec.encode(event)
+        return await self.publish_payload(subject, codec.encode(event), msg_id, retries=retries)
+
+    async def publish_payload(
+        self, subject: str, payload: bytes, msg_id: str | None = None, *, retries: int = 5
+    ) -> api.PubAck:
+        """:meth:`publish` of an event already encoded (``codec.encode``)."""
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        try:
+            # The first attempt outside tenacity: building its retry state costs more than the
+            # publish itself, and this is on every hop of every request (docs/design.md, §9).
+            return await self.js.publish(subject, payload, headers=headers, timeout=10)
+        except _RETRYABLE_PUBLISH:
+            if retries <= 1:
+                raise
+        await asyncio.sleep(0.2)  # tenacity's first wait below, which it only takes between its attempts
         # The de-duplication id makes a retry safe: a publish that did land is not stored twice.
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)),
-            stop=stop_after_attempt(retries),
+            retry=retry_if_exception_type(_RETRYABLE_PUBLISH),
+            stop=stop_after_attempt(retries - 1),
             wait=wait_exponential(multiplier=0.2, max=5),
             reraise=True,
         ):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ class Outgoing:
     subject: str
     event: BaseModel
     kind: str
+
+    @functools.cached_property
+    def payload(self) -> bytes:
+        """The event encoded, once: the same bytes are published and stored (IdempotencyStore)."""
+        return codec.encode(self.event)
 
 
 @dataclass
@@ -134,10 +140,10 @@ class Policy:
         """The worker stops."""
 
     async def lookup(self, worker: StageWorker, request_id: str, delivery: Delivery) -> Any:
-        """Read what :meth:`skip` decides from (a KV entry, say). Every policy's lookup of a message
-        runs at once, so that a message waits for one round trip to the server, not one each; a
-        policy that can do without the round trip on a fresh first delivery keeps it off every hop
-        (docs/design.md, §9)."""
+        """Read what :meth:`skip` decides from (a KV entry, say). The policies look one after the
+        other; only IdempotencyStore goes to the server, and only on a redelivery or an old message,
+        which keeps the round trip off every hop (docs/design.md, §9). A second policy that reads
+        the server would have both reads run at once."""
         return None
 
     async def skip(self, worker: StageWorker, request_id: str, looked: Any = None) -> bool:
@@ -146,7 +152,7 @@ class Policy:
         return False
 
     async def started(self, ctx: StageContext) -> None:
-        """The handler is about to run."""
+        """The handler has just started (this runs beside it, in the heartbeat's first turn)."""
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
         """As the handler starts (beside it, not before it), then at every heartbeat while it runs."""
@@ -191,13 +197,16 @@ class IdempotencyStore(Policy):
             return False
         bus = worker.bus
         for subject, kind, payload in msgpack.unpackb(looked, raw=False):
-            await bus.publish(subject, codec.decode(payload), msg_id(request_id, worker.stage.value, kind))
+            await bus.publish_payload(subject, payload, msg_id(request_id, worker.stage.value, kind))
         log.info("stage already done, republished its stored result")
         return True
 
     async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        # One turn of the event loop first: the events, published just before, reach the socket
+        # ahead of this write (the next stage waits for them, nobody waits for this).
+        await asyncio.sleep(0)
         kv = await ctx.bus.kv(ctx.subjects.kv_stage_results(ctx.stage))
-        packed = msgpack.packb([[o.subject, o.kind, codec.encode(o.event)] for o in outgoing], use_bin_type=True)
+        packed = msgpack.packb([[o.subject, o.kind, o.payload] for o in outgoing], use_bin_type=True)
         await kv.put(_stage_key(ctx.request_id, ctx.stage), packed)
 
 
@@ -395,9 +404,8 @@ class StageWorker:
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage.value):
-            looked = await asyncio.gather(*(policy.lookup(self, request_id, delivery) for policy in self.policies))
-            for policy, value in zip(self.policies, looked, strict=True):
-                if await policy.skip(self, request_id, value):
+            for policy in self.policies:
+                if await policy.skip(self, request_id, await policy.lookup(self, request_id, delivery)):
                     await msg.ack()
                     return
             await self._handle(msg, event, deliveries, slot)
@@ -421,16 +429,17 @@ class StageWorker:
             slot=slot,
         )
         self._note("stage started", delivery=deliveries, subject=msg.subject)
-        for policy in self.policies:
-            await policy.started(ctx)
-        # The handler's task first, so that it starts before the policies' first look.
+        # The handler's task first, so that it starts before the policies announce it and take
+        # their first look (the heartbeat's first turn, always before the handler's end is seen).
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
         beating = asyncio.Event()
         beating.set()
-        heartbeat = asyncio.create_task(self._heartbeat(msg, request_id, beating))
+        heartbeat = asyncio.create_task(self._heartbeat(msg, ctx, beating))
+        returned = False
         try:
             outgoing = await task
+            returned = True
         except asyncio.CancelledError:
             if request_id in self._cancelled:
                 # The user cancelled it: the aggregator publishes the verdict; the work is over.
@@ -455,16 +464,16 @@ class StageWorker:
             self._cancelled.discard(request_id)
             beating.clear()
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            if not returned:  # else awaited once the results are out: it can only end, not beat again
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
         try:
             # The stored result and the published events go out together, then the ack. Either
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
             # stage again, and the de-duplication ids keep a second copy off the stream.
             # The events are sent first: the next stage waits for them, nobody waits for the store.
             await asyncio.gather(
-                *(self.bus.publish(out.subject, out.event, msg_id(request_id, self.stage.value, out.kind))
-                  for out in outgoing),
+                *(self._send(out, request_id, behind=n > 0) for n, out in enumerate(outgoing)),
                 *(policy.done(ctx, outgoing) for policy in self.policies),
             )
             await msg.ack()
@@ -473,17 +482,31 @@ class StageWorker:
             with contextlib.suppress(Exception):
                 await msg.nak(delay=self._backoff(deliveries))
             return
+        finally:
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
         for policy in self.policies:
             await policy.finished(ctx, outgoing)
         self._note("stage finished", published=[o.subject for o in outgoing])
+
+    async def _send(self, out: Outgoing, request_id: str, *, behind: bool) -> None:
+        """Publish one of the handler's events. ``behind``: let the ones before it reach the socket
+        before encoding this one (the first is the one the next stage waits for: the benchmark's
+        validation result goes before its test result, which only the aggregator reads)."""
+        if behind:
+            await asyncio.sleep(0)
+        await self.bus.publish_payload(out.subject, out.payload, msg_id(request_id, self.stage.value, out.kind))
 
     def _backoff(self, deliveries: int) -> float:
         steps = self.bus.settings.retry_backoff_s or [1.0]
         return float(steps[min(deliveries - 1, len(steps) - 1)])
 
-    async def _heartbeat(self, msg: Msg, request_id: str, beating: asyncio.Event) -> None:
-        """Beat at once (the policies' first look, beside the handler's start), then every
-        ``heartbeat_s``, until ``beating`` is cleared.
+    async def _heartbeat(self, msg: Msg, ctx: StageContext, beating: asyncio.Event) -> None:
+        """Announce the start (``Policy.started``) and beat at once (the policies' first look), both
+        beside the handler's start rather than before it, then beat every ``heartbeat_s``, until
+        ``beating`` is cleared. The first turn runs before the handler's end can be seen (its task
+        was created first), so "started" goes out before the stage's results (nats-py queues a publish
+        without waiting unless its outgoing buffer is full).
 
         The loop ends on the cleared event, not only on its cancellation: Python 3.11's
         ``asyncio.wait_for`` returns its result instead of raising when a cancel arrives just as
@@ -491,6 +514,12 @@ class StageWorker:
         as if nothing happened, and a loop that waited for its CancelledError would beat, and hold
         its message, for ever."""
         interval = min(self.bus.settings.heartbeat_s, self.bus.settings.ack_wait_s / 3)
+        request_id = ctx.request_id
+        try:
+            for policy in self.policies:
+                await policy.started(ctx)
+        except Exception as exc:  # progress is best effort: the stage runs on
+            log.warning("announcing the start failed", error=str(exc))
         first = True
         while beating.is_set():
             try:

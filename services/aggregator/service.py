@@ -364,11 +364,13 @@ class Aggregator:
             raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
         if record is None or not changed:
             return record
-        # The public view and what the record owes are independent writes: both at once.
-        await asyncio.gather(self._publish_status(record), self._publish_owed(record))
+        # The public view and what the record owes are independent writes: both at once, the
+        # verdict first (the user waits for it).
+        await asyncio.gather(self._publish_owed(record), self._publish_status(record))
         return record
 
     async def _publish_status(self, record: RequestRecord) -> None:
+        await _after_a_turn()
         status_kv = await self.bus.kv(self.s.kv_status)
         await status_kv.put(record.request_id, record.public_view().model_dump_json().encode())
 
@@ -383,7 +385,8 @@ class Aggregator:
                     self.s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
             if record.report is not None and not record.report_published:
                 owed["report_published"] = self._publish_once(
-                    self.s.report(rid), record.report, f"{rid}:aggregate:report")
+                    self.s.report(rid), record.report, f"{rid}:aggregate:report",
+                    wait_a_turn="verdict_published" in owed)
             if not owed:
                 return
             await asyncio.gather(*owed.values())
@@ -398,7 +401,9 @@ class Aggregator:
                 log.info("report published", has_test=record.report.benchmark_test is not None)
             await self._mark(rid, *owed)
 
-    async def _publish_once(self, subject: str, event: Any, msg_id: str) -> None:
+    async def _publish_once(self, subject: str, event: Any, msg_id: str, *, wait_a_turn: bool = False) -> None:
+        if wait_a_turn:
+            await _after_a_turn()
         try:
             await self.bus.publish(subject, event, msg_id)
         except nats.js.errors.APIError as exc:
@@ -515,6 +520,13 @@ class Aggregator:
 
 
 # ---------------------------------------------------------------------- pure record transitions
+
+
+async def _after_a_turn() -> None:
+    """Let the tasks started beside this one go first: nats-py writes what was published at its
+    flusher's next turn, so a write that encodes something large before publishing would
+    otherwise hold up a verdict published just before it."""
+    await asyncio.sleep(0)
 
 
 class _Contention(Exception):

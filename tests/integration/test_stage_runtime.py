@@ -204,3 +204,45 @@ async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus:
     assert await published(bus, bus.subjects.train_completed) == 1
 
 
+
+
+async def test_a_stage_announces_its_start_before_its_result_and_stores_the_bytes_it_published(bus: Bus) -> None:
+    """"started" is announced beside the handler, not before it (one step less on every hop,
+    docs/design.md §9). A listener still sees it before the stage's result, even from a handler
+    that returns without ever waiting; and the stored copy is the very bytes that were published
+    (each event is encoded once)."""
+    seen: list[str] = []
+    result_data: list[bytes] = []
+
+    async def on_progress(msg: object) -> None:
+        event = codec.decode(msg.data)  # type: ignore[attr-defined]
+        seen.append(f"progress {event.state}")
+
+    async def on_result(msg: object) -> None:
+        seen.append("result")
+        result_data.append(msg.data)  # type: ignore[attr-defined]
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]  # never waits
+
+    # One connection for both subjects: the server keeps one sender's order for one receiver.
+    subs = [await bus.nc.subscribe(bus.subjects.progress("order-1"), cb=on_progress),
+            await bus.nc.subscribe(bus.subjects.train_completed, cb=on_result)]
+    await bus.nc.flush()
+    stage = TrainStage(bus, handle, stage_policies())
+    try:
+        await send(bus, "order-1")
+        await poll(lambda: acked(bus), "the message acknowledged", timeout_s=60)
+        await poll(lambda: _true(len(seen) >= 3), "the progress and the result heard", timeout_s=30)
+    finally:
+        await stage.close()
+        for sub in subs:
+            await sub.unsubscribe()
+    assert seen == ["progress started", "result", "progress finished"]
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    stored = msgpack.unpackb((await kv.get("order-1.train")).value, raw=False)
+    assert stored == [[bus.subjects.train_completed, "completed", result_data[0]]]
+
+
+async def _true(value: bool) -> bool:
+    return value
