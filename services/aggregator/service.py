@@ -372,7 +372,7 @@ class Aggregator:
     async def _publish_status(self, record: RequestRecord) -> None:
         await _after_a_turn()
         status_kv = await self.bus.kv(self.s.kv_status)
-        await status_kv.put(record.request_id, record.public_view().model_dump_json().encode())
+        await status_kv.put(record.request_id, record.public_view_json())
 
     async def _publish_owed(self, record: RequestRecord) -> None:
         rid = record.request_id

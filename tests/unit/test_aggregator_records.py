@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +24,7 @@ from shared.events import (
     TrainSummary,
     VerdictResult,
 )
-from shared.records import RequestRecord
+from shared.records import RequestRecord, RequestStatusView
 
 CONTEXT = RequestContext(task=TaskSpec(base_model="m", benchmark="b"), workspace=[])
 
@@ -75,6 +76,22 @@ def test_the_report_waits_for_the_test_split_then_carries_it() -> None:
     report = build_report(record)
     assert report.benchmark_test is not None and report.benchmark_test.accuracy_summary == {"s": {"acc": 0.5}}
     assert report.final_decision is True
+
+
+def test_the_public_view_carries_the_status_and_never_the_hidden_test_split() -> None:
+    """Workers and agents read the status bucket: it must say where the request is, and nothing of
+    what the hidden test split said, the report or the verdict's reasons."""
+    record = RequestRecord(request_id="r1")
+    agg._on_judge(record, judge_result(expects_test=True))
+    test = BenchResult(request_id="r1", ok=True, split="test", context=CONTEXT, data=DataSummary(),
+                       train=TrainSummary(), benchmark=BenchmarkScores(accuracy_summary={"secret": {"acc": 0.93}}))
+    agg._on_test(record, test)
+    record.report = build_report(record)
+    view = json.loads(record.public_view_json())
+    assert view == json.loads(record.public_view().model_dump_json())
+    assert view["status"] == "completed" and view["final_decision"] is True
+    assert set(view) == set(RequestStatusView.model_fields)
+    assert "secret" not in record.public_view_json().decode() and "0.93" not in record.public_view_json().decode()
 
 
 def test_no_test_split_expected_after_an_early_failure() -> None:
