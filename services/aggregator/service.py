@@ -65,6 +65,12 @@ log = get_logger("ftbus.aggregator")
 PROGRESS_MEMORY = 256
 # Records (with their KV revision) the aggregator remembers from its own last writes.
 RECORD_MEMORY = 512
+# How long a request's public view may lag its record while the request is under way: its updates
+# meanwhile are written once. A request that is over, or asked to cancel, is written at once.
+STATUS_LINGER_S = 0.25
+# How long a progress update waits for its request's next event, to be written with it (a stage
+# that ends quickly: one write for its start and its result), before it is written alone.
+PROGRESS_LINGER_S = 0.25
 
 RESULT_STAGE: dict[type, Stage] = {
     DataResult: Stage.data,
@@ -89,11 +95,17 @@ class Aggregator:
         self._last_progress_write: dict[str, float] = {}
         self._records: OrderedDict[str, tuple[RequestRecord, int]] = OrderedDict()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._queued: dict[str, list[tuple[Callable[[RequestRecord], bool | None], bool, Any]]] = {}
+        self._queued: dict[str, list[_Queued]] = {}
         # Progress writes in flight: a subscription's callbacks run one after the other, so each
         # write runs as a task of its own (a request's writes keep their order on its lock).
         self._progress_slots = asyncio.Semaphore(max(1, concurrency))
         self._progress_tasks: set[asyncio.Task[None]] = set()
+        # Progress updates waiting for their request's next write, and their own writers.
+        self._progress_owed: dict[str, list[Callable[[RequestRecord], bool | None]]] = {}
+        self._progress_writers: set[asyncio.Task[None]] = set()
+        # Public views waiting out their linger (the newest of each request), and their writers.
+        self._status_owed: dict[str, bytes] = {}
+        self._status_tasks: set[asyncio.Task[None]] = set()
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -133,6 +145,8 @@ class Aggregator:
             for pending in list(self._progress_tasks):
                 pending.cancel()
             await asyncio.gather(*self._progress_tasks, return_exceptions=True)
+            await self._flush_progress()
+            await self._flush_status()
 
     def _dead_letters_here(self, subject: str) -> str | None:
         """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
@@ -170,7 +184,7 @@ class Aggregator:
                         event_type=type(event).__name__, subject=ctx.subject, request_id=rid)
             return []
         if isinstance(event, EvalRequested):
-            await self.update(rid, lambda r: _on_request(r, event))
+            await self.update(rid, lambda r: _on_request(r, event), new=True)
         elif isinstance(event, CancelRequested):
             await self.update(rid, lambda r: _on_cancel(r, event))
         elif isinstance(event, BenchResult) and event.split == "test":
@@ -213,15 +227,47 @@ class Aggregator:
         if event.state == "running" and now - self._last_progress_write.get(key, 0.0) < 1.0:
             return
         self._last_progress_write[key] = now
-        try:
-            record = await self.update(key, lambda r: _on_progress(r, event), create=False)
-        except Exception as exc:
-            log.warning("progress update failed", request_id=key, error=str(exc))
-            record = None
+        self._update_soon(key, lambda r: _on_progress(r, event))
+        self._prune_progress(now)
+
+    def _update_soon(self, request_id: str, mutate: Callable[[RequestRecord], bool | None]) -> None:
+        """A progress update: written with the request's next event (the stage's result, when the
+        stage is quick), or alone after PROGRESS_LINGER_S. Progress travels as core messages (at
+        most once), so the update a crash loses here is one the bus may always lose."""
+        owed = self._progress_owed.get(request_id)
+        if owed is not None:
+            owed.append(mutate)
+            return
+        self._progress_owed[request_id] = [mutate]
+        task = asyncio.create_task(self._write_progress_later(request_id))
+        self._progress_writers.add(task)
+        task.add_done_callback(self._progress_writers.discard)
+
+    async def _write_progress_later(self, request_id: str) -> None:
+        await asyncio.sleep(PROGRESS_LINGER_S)
+        await self._write_progress(request_id)
+
+    async def _write_progress(self, request_id: str) -> None:
+        owed = self._progress_owed.pop(request_id, None)
+        if not owed:
+            return  # written with an event meanwhile
+        async with self._progress_slots:
+            try:
+                record = await self.update(request_id, _all_of(owed), create=False)
+            except Exception as exc:
+                log.warning("progress update failed", request_id=request_id, error=str(exc))
+                record = None
         # Bounded memory: forget a request once it is over (or unknown), and whatever fell silent.
         if record is None or record.terminal:
-            self._last_progress_write.pop(key, None)
-        self._prune_progress(now)
+            self._last_progress_write.pop(request_id, None)
+
+    async def _flush_progress(self) -> None:
+        """On stop: the progress updates still waiting, written now (best effort)."""
+        for task in list(self._progress_writers):
+            task.cancel()
+        await asyncio.gather(*self._progress_writers, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(self._write_progress(rid) for rid in list(self._progress_owed)))
 
     def _prune_progress(self, now: float, idle_s: float = 60.0) -> None:
         """Forget requests without progress for ``idle_s`` once more than PROGRESS_MEMORY are remembered."""
@@ -270,16 +316,20 @@ class Aggregator:
             self._records.popitem(last=False)
 
     async def _cas(
-        self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool, attempts: int
+        self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool, attempts: int,
+        new: bool = False,
     ) -> tuple[RequestRecord | None, bool]:
         """Compare-and-set loop: (the record as written, True), (the record unchanged, False) when
         ``mutate`` returns False, or (None, False) with no record and ``create`` off. Starts from the
-        remembered record when there is one (no read), else reads it."""
+        remembered record when there is one (no read); ``new`` (a request's first event): from no
+        record (a create, no read; a create that finds one reads it and tries again); else reads it."""
         kv = await self.kv()
         for attempt in range(attempts):
             remembered = self._records.pop(request_id, None)
             if remembered is not None:
                 record, revision = remembered  # popped: a failed write reads it again
+            elif new and create and attempt == 0:
+                record, revision = None, None
             else:
                 record, revision = await self.get(request_id)
             if record is None:
@@ -316,16 +366,27 @@ class Aggregator:
         raise _Contention(attempts)
 
     async def update(
-        self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool = True
+        self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool = True,
+        new: bool = False,
     ) -> RequestRecord | None:
         """Compare-and-set loop, then publish whatever the new record owes (verdict, report).
         ``mutate`` returns False when it changed nothing: then nothing is written.
 
         Group commit: the updates of a request that queue while one of its writes is under way
         are applied together, in their order, by the next write (one compare-and-set and one
-        public view for all of them); each caller returns once its own change is written."""
-        done: asyncio.Future[RequestRecord | None] = asyncio.get_running_loop().create_future()
-        self._queued.setdefault(request_id, []).append((mutate, create, done))
+        public view for all of them); each caller returns once its own change is written. ``new``:
+        the request's first event (its record most likely does not exist yet)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[RequestRecord | None] = loop.create_future()
+        queued = self._queued.setdefault(request_id, [])
+        progress = self._progress_owed.pop(request_id, None)
+        if progress:
+            # The progress that came before this event goes first, in the same write. Nobody
+            # waits for it: its future is already done.
+            settled: asyncio.Future[RequestRecord | None] = loop.create_future()
+            settled.set_result(None)
+            queued.append((_all_of(progress), False, False, settled))
+        queued.append((mutate, create, new, done))
         async with self._hold(request_id):
             if not done.done():  # nobody wrote it yet: write everything queued for this request
                 batch = self._queued.pop(request_id, [])
@@ -335,7 +396,7 @@ class Aggregator:
                     # The others queued behind this write learn how it ended; our own future is
                     # left alone (we raise instead), and a cancelled write cancels theirs, so no
                     # future is left holding an exception that nobody will retrieve.
-                    for _, _, waiter in batch:
+                    for *_, waiter in batch:
                         if waiter is done or waiter.done():
                             continue
                         if isinstance(exc, asyncio.CancelledError):
@@ -343,36 +404,74 @@ class Aggregator:
                         else:
                             waiter.set_exception(exc)
                     raise
-                for _, _, waiter in batch:
+                for *_, waiter in batch:
                     if not waiter.done():
                         waiter.set_result(record)
         return done.result()
 
-    async def _write(
-        self, request_id: str, batch: list[tuple[Callable[[RequestRecord], bool | None], bool, Any]]
-    ) -> RequestRecord | None:
+    async def _write(self, request_id: str, batch: list[_Queued]) -> RequestRecord | None:
         def mutate_all(record: RequestRecord) -> bool:
             changed = False
-            for mutate, _, _ in batch:
+            for mutate, *_ in batch:
                 changed = (mutate(record) is not False) or changed
             return changed
 
         try:
-            record, changed = await self._cas(request_id, mutate_all, create=any(c for _, c, _ in batch),
-                                              attempts=100)
+            record, changed = await self._cas(request_id, mutate_all, create=any(c for _, c, _, _ in batch),
+                                              new=all(n for _, _, n, _ in batch), attempts=100)
         except _Contention as exc:
             raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
         if record is None or not changed:
             return record
+        if record.terminal:
+            self._last_progress_write.pop(request_id, None)  # its progress is over
         # The public view and what the record owes are independent writes: both at once, the
         # verdict first (the user waits for it).
         await asyncio.gather(self._publish_owed(record), self._publish_status(record))
         return record
 
     async def _publish_status(self, record: RequestRecord) -> None:
-        await _after_a_turn()
+        """Write the public view of ``record``: at once when the request is over or asked to cancel
+        (stage workers read that view to stop its work), else after STATUS_LINGER_S, so that the
+        quick steps of a request (a pre-check failure is over in milliseconds) are one write, not
+        one each. A crash loses at most a lingering view; the sweeper rewrites the views of recent
+        records."""
+        rid, view = record.request_id, record.public_view_json()
+        if record.terminal or record.cancel_requested:
+            self._status_owed.pop(rid, None)  # a lingering one is older: never written after this
+            await _after_a_turn()
+            await self._put_status(rid, view)
+            return
+        lingering = rid in self._status_owed
+        self._status_owed[rid] = view  # the newest view replaces a lingering one
+        if not lingering:
+            task = asyncio.create_task(self._linger_status(rid))
+            self._status_tasks.add(task)
+            task.add_done_callback(self._status_tasks.discard)
+
+    async def _linger_status(self, request_id: str) -> None:
+        await asyncio.sleep(STATUS_LINGER_S)
+        view = self._status_owed.pop(request_id, None)
+        if view is None:
+            return  # the request ended meanwhile: its final view is written
+        try:
+            await self._put_status(request_id, view)
+        except Exception as exc:
+            log.warning("public view not written; the sweeper writes it again", request_id=request_id,
+                        error=str(exc))
+
+    async def _put_status(self, request_id: str, view: bytes) -> None:
         status_kv = await self.bus.kv(self.s.kv_status)
-        await status_kv.put(record.request_id, record.public_view_json())
+        await status_kv.put(request_id, view)
+
+    async def _flush_status(self) -> None:
+        """On stop: the lingering views now, not lost with the process."""
+        for task in list(self._status_tasks):
+            task.cancel()
+        await asyncio.gather(*self._status_tasks, return_exceptions=True)
+        owed, self._status_owed = self._status_owed, {}
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(self._put_status(rid, view) for rid, view in owed.items()))
 
     async def _publish_owed(self, record: RequestRecord) -> None:
         rid = record.request_id
@@ -491,7 +590,7 @@ class Aggregator:
                 continue
             if now - record.updated_at < timedelta(minutes=5):
                 # Concurrent aggregator workers may have written the public view out of order.
-                await self._publish_status(record)
+                await self._put_status(key, record.public_view_json())
             if record.verdict is not None:
                 if not record.verdict_published or (record.report and not record.report_published):
                     async with self._hold(key):
@@ -527,6 +626,20 @@ async def _after_a_turn() -> None:
     flusher's next turn, so a write that encodes something large before publishing would
     otherwise hold up a verdict published just before it."""
     await asyncio.sleep(0)
+
+
+#: An update waiting for its request's next write: (mutate, create, new, the caller's future).
+_Queued = tuple[Callable[[RequestRecord], bool | None], bool, bool, "asyncio.Future[RequestRecord | None]"]
+
+
+def _all_of(mutations: list[Callable[[RequestRecord], bool | None]]) -> Callable[[RequestRecord], bool]:
+    """One mutation applying ``mutations`` in order: False only when none of them changed anything."""
+
+    def apply(record: RequestRecord) -> bool:
+        changed = [mutate(record) is not False for mutate in mutations]  # every one, no short cut
+        return any(changed)
+
+    return apply
 
 
 class _Contention(Exception):

@@ -115,15 +115,16 @@ def test_consumer_names_map_back_to_stages() -> None:
     assert agg._stage_of_consumer("ftbus", "other") is None
 
 
-async def test_the_progress_memory_forgets_finished_and_idle_requests() -> None:
+async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatch: Any) -> None:
     """The aggregator remembers when it last wrote each request's progress: never forever."""
-    from types import SimpleNamespace
+    import asyncio
 
     from shared import codec
     from shared.events import Progress
+    from shared.subjects import Subjects
 
-    aggregator = agg.Aggregator.__new__(agg.Aggregator)
-    aggregator._last_progress_write = {}
+    monkeypatch.setattr(agg, "PROGRESS_LINGER_S", 0.0)
+    aggregator = agg.Aggregator(SimpleNamespace(subjects=Subjects()))  # type: ignore[arg-type]
 
     async def update(rid: str, mutate: object, create: bool = True) -> RequestRecord:
         return RequestRecord(request_id=rid, status="completed" if rid.startswith("done") else "running")
@@ -133,6 +134,7 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests() -> None:
         rid = f"done-{i}" if i % 2 else f"run-{i}"
         event = Progress(request_id=rid, stage=Stage.train, state="started")
         await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
+    await asyncio.gather(*aggregator._progress_writers)
     # Finished requests are forgotten at once; running ones are kept while the memory is small.
     assert not any(rid.startswith("done") for rid in aggregator._last_progress_write)
     assert len(aggregator._last_progress_write) == 3 * agg.PROGRESS_MEMORY // 2
@@ -191,6 +193,10 @@ class MemoryKV:
         return SimpleNamespace(value=value, revision=revision)
 
     async def create(self, key: str, value: bytes) -> int:
+        from nats.js.errors import KeyWrongLastSequenceError
+
+        if key in self.data:
+            raise KeyWrongLastSequenceError()
         self.data[key] = (value, 1)
         return 1
 
@@ -234,3 +240,102 @@ async def test_a_request_under_way_is_remembered_and_a_finished_one_is_not() -> 
     record, changed = await aggregator._cas("r1", move_to("bench"), create=False, attempts=3)
     assert kv.gets == 2 and changed and record is not None and record.verdict_published
     assert RequestRecord.model_validate_json(kv.data["r1"][0]).stage == "bench"
+
+
+class StatusKV:
+    """The status bucket: every put, in order."""
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, RequestStatusView]] = []
+
+    async def put(self, key: str, value: bytes) -> int:
+        self.puts.append((key, RequestStatusView.model_validate_json(value)))
+        return len(self.puts)
+
+
+class RecordingBus:
+    """What the aggregator's writes need of a bus: the status bucket and publishing."""
+
+    from shared.subjects import Subjects
+
+    subjects = Subjects()
+
+    def __init__(self) -> None:
+        self.status = StatusKV()
+        self.published: list[str] = []
+
+    async def kv(self, name: str) -> StatusKV:
+        assert name == self.subjects.kv_status
+        return self.status
+
+    async def publish(self, subject: str, event: object, msg_id: str) -> None:
+        self.published.append(subject)
+
+
+async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatch: Any) -> None:
+    """A stage's start (progress) and its result coming close together are written to the record
+    once, the start first; the public view lags by STATUS_LINGER_S while the request is under way,
+    newest view only; a finished or cancelled request's view is written at once. (A burst of
+    pre-check failures: 6 record writes and 5 views per request before, 4 and 1 now.)"""
+    import asyncio
+
+    from shared import codec
+    from shared.events import DataResult, EvalRequested, Progress
+
+    monkeypatch.setattr(agg, "PROGRESS_LINGER_S", 0.05)
+    monkeypatch.setattr(agg, "STATUS_LINGER_S", 0.05)
+    bus = RecordingBus()
+    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
+    kv = MemoryKV()
+    aggregator._kv = kv  # type: ignore[assignment]
+    writes = lambda: kv.data["r1"][1]  # noqa: E731 - the record's revision counts its writes
+
+    async def progress(stage: Stage, state: str = "started") -> None:
+        event = Progress(request_id="r1", stage=stage, state=state)  # type: ignore[arg-type]
+        await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
+
+    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
+                              SimpleNamespace(subject=bus.subjects.eval_requested))  # type: ignore[arg-type]
+    assert kv.gets == 0 and writes() == 1, "a new request's record is created without a read first"
+    await progress(Stage.data)
+    assert writes() == 1, "the start waits for the stage's result"
+    failed = DataResult(request_id="r1", ok=False, context=CONTEXT, data=DataSummary(), error="no train.yaml")
+    await aggregator.on_event(failed, SimpleNamespace(subject=bus.subjects.data_failed))  # type: ignore[arg-type]
+    assert writes() == 2, "the start and the result: one write"
+    record = RequestRecord.model_validate_json(kv.data["r1"][0])
+    data = record.stages["data"]
+    assert data.attempts == 1 and data.started_at is not None and data.finished_at is not None
+    assert record.stage == "judge", "the start was applied before the result, not after it"
+    assert bus.status.puts == [], "the view of a request under way lingers"
+    await asyncio.sleep(0.2)
+    assert [view.stage for _, view in bus.status.puts] == ["judge"], "one put, the newest view"
+    assert writes() == 2
+
+    await progress(Stage.judge)  # a start with nothing after it: written alone, after its linger
+    await asyncio.sleep(0.2)
+    assert writes() == 3 and RequestRecord.model_validate_json(kv.data["r1"][0]).stages["judge"].attempts == 1
+
+    await aggregator.on_event(CancelRequested(request_id="r1"),
+                              SimpleNamespace(subject=bus.subjects.cancel))  # type: ignore[arg-type]
+    last = bus.status.puts[-1][1]
+    assert last.status == "cancelled" and last.cancel_requested, "a cancel's view is written at once"
+    assert bus.published == [bus.subjects.verdict("r1"), bus.subjects.report("r1")]
+    await asyncio.sleep(0.2)
+    assert bus.status.puts[-1][1].status == "cancelled", "no older view written after the final one"
+
+
+async def test_a_first_event_finds_a_record_already_there_and_keeps_it() -> None:
+    """Another aggregator wrote the record first: the create fails, the record is read and the
+    event applied to it, nothing lost."""
+    from shared.events import EvalRequested
+
+    bus = RecordingBus()
+    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
+    kv = MemoryKV()
+    aggregator._kv = kv  # type: ignore[assignment]
+    kv.data["r1"] = (RequestRecord(request_id="r1", stage="train", status="running").model_dump_json().encode(), 4)
+    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
+                              SimpleNamespace(subject=bus.subjects.eval_requested))  # type: ignore[arg-type]
+    record = RequestRecord.model_validate_json(kv.data["r1"][0])
+    assert kv.gets == 1 and kv.data["r1"][1] == 5
+    assert record.stage == "train" and record.task == CONTEXT.task
