@@ -248,10 +248,11 @@ class Aggregator:
         await self._write_progress(request_id)
 
     async def _write_progress(self, request_id: str) -> None:
-        owed = self._progress_owed.pop(request_id, None)
-        if not owed:
-            return  # written with an event meanwhile
         async with self._progress_slots:
+            # Taken once a slot is free: progress arriving meanwhile joins this write, in order.
+            owed = self._progress_owed.pop(request_id, None)
+            if not owed:
+                return  # written with an event meanwhile
             try:
                 record = await self.update(request_id, _all_of(owed), create=False)
             except Exception as exc:
