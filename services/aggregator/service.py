@@ -96,11 +96,11 @@ class Aggregator:
         self._records: OrderedDict[str, tuple[RequestRecord, int]] = OrderedDict()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._queued: dict[str, list[_Queued]] = {}
-        # Progress writes in flight: a subscription's callbacks run one after the other, so each
-        # write runs as a task of its own (a request's writes keep their order on its lock).
+        # Progress writes that run alone at once (bounded; a request's writes keep their order on
+        # its lock).
         self._progress_slots = asyncio.Semaphore(max(1, concurrency))
-        self._progress_tasks: set[asyncio.Task[None]] = set()
-        # Progress updates waiting for their request's next write, and their own writers.
+        # Progress updates waiting for their request's next write, and their own writers (tasks:
+        # the subscription's callbacks run one after the other and must not wait for a write).
         self._progress_owed: dict[str, list[Callable[[RequestRecord], bool | None]]] = {}
         self._progress_writers: set[asyncio.Task[None]] = set()
         # Public views waiting out their linger (the newest of each request), and their writers.
@@ -130,7 +130,7 @@ class Aggregator:
                         log_each=False)
             for stream, name, filters, accepts, rule in consumers
         ]
-        progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._spawn_progress)
+        progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
         tasks = [
             *(asyncio.create_task(worker.run(stop)) for worker in workers),
             asyncio.create_task(self._advisories(stop)),
@@ -142,9 +142,6 @@ class Aggregator:
             await cancel_until_done(tasks)
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
-            for pending in list(self._progress_tasks):
-                pending.cancel()
-            await asyncio.gather(*self._progress_tasks, return_exceptions=True)
             await self._flush_progress()
             await self._flush_status()
 
@@ -200,18 +197,9 @@ class Aggregator:
             await self.update(rid, lambda r: _on_stage_result(r, event))
         return []
 
-    async def _spawn_progress(self, msg: Any) -> None:
-        await self._progress_slots.acquire()  # bounded: past it, progress waits here
-        task = asyncio.create_task(self._on_progress(msg))
-        self._progress_tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._progress_tasks.discard(finished)
-            self._progress_slots.release()
-
-        task.add_done_callback(done)
-
     async def _on_progress(self, msg: Any) -> None:
+        """The progress subscription's callback: it waits for nothing (the write, if any, is a task
+        of its own, `_update_soon`), so no task per message."""
         try:
             event = codec.decode(msg.data, Progress)
         except codec.CodecError:
