@@ -99,13 +99,13 @@ class Aggregator:
         # Progress writes that run alone at once (bounded; a request's writes keep their order on
         # its lock).
         self._progress_slots = asyncio.Semaphore(max(1, concurrency))
-        # Progress updates waiting for their request's next write, and their own writers (tasks:
-        # the subscription's callbacks run one after the other and must not wait for a write).
+        # Progress updates waiting for their request's next write (tasks write them: the
+        # subscription's callbacks run one after the other and must not wait for a write).
         self._progress_owed: dict[str, list[Callable[[RequestRecord], bool | None]]] = {}
-        self._progress_writers: set[asyncio.Task[None]] = set()
-        # Public views waiting out their linger (the newest of each request), and their writers.
+        self._progress_later = _Lingering(lambda: PROGRESS_LINGER_S, self._write_progress)
+        # Public views waiting out their linger: the newest of each request.
         self._status_owed: dict[str, bytes] = {}
-        self._status_tasks: set[asyncio.Task[None]] = set()
+        self._status_later = _Lingering(lambda: STATUS_LINGER_S, self._write_lingering_status)
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -142,8 +142,8 @@ class Aggregator:
             await cancel_until_done(tasks)
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
-            await self._flush_progress()
-            await self._flush_status()
+            await self._progress_later.flush(list(self._progress_owed))
+            await self._status_later.flush(list(self._status_owed))
 
     def _dead_letters_here(self, subject: str) -> str | None:
         """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
@@ -222,18 +222,8 @@ class Aggregator:
         """A progress update: written with the request's next event (the stage's result, when the
         stage is quick), or alone after PROGRESS_LINGER_S. Progress travels as core messages (at
         most once), so the update a crash loses here is one the bus may always lose."""
-        owed = self._progress_owed.get(request_id)
-        if owed is not None:
-            owed.append(mutate)
-            return
-        self._progress_owed[request_id] = [mutate]
-        task = asyncio.create_task(self._write_progress_later(request_id))
-        self._progress_writers.add(task)
-        task.add_done_callback(self._progress_writers.discard)
-
-    async def _write_progress_later(self, request_id: str) -> None:
-        await asyncio.sleep(PROGRESS_LINGER_S)
-        await self._write_progress(request_id)
+        self._progress_owed.setdefault(request_id, []).append(mutate)
+        self._progress_later.owe(request_id)
 
     async def _write_progress(self, request_id: str) -> None:
         async with self._progress_slots:
@@ -249,14 +239,6 @@ class Aggregator:
         # Bounded memory: forget a request once it is over (or unknown), and whatever fell silent.
         if record is None or record.terminal:
             self._last_progress_write.pop(request_id, None)
-
-    async def _flush_progress(self) -> None:
-        """On stop: the progress updates still waiting, written now (best effort)."""
-        for task in list(self._progress_writers):
-            task.cancel()
-        await asyncio.gather(*self._progress_writers, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*(self._write_progress(rid) for rid in list(self._progress_owed)))
 
     def _prune_progress(self, now: float, idle_s: float = 60.0) -> None:
         """Forget requests without progress for ``idle_s`` once more than PROGRESS_MEMORY are remembered."""
@@ -399,12 +381,7 @@ class Aggregator:
         return done.result()
 
     async def _write(self, request_id: str, batch: list[_Queued]) -> RequestRecord | None:
-        def mutate_all(record: RequestRecord) -> bool:
-            changed = False
-            for mutate, *_ in batch:
-                changed = (mutate(record) is not False) or changed
-            return changed
-
+        mutate_all = _all_of([mutate for mutate, *_ in batch])
         try:
             record, changed = await self._cas(request_id, mutate_all, create=any(c for _, c, _, _ in batch),
                                               new=all(n for _, _, n, _ in batch), attempts=100)
@@ -431,15 +408,10 @@ class Aggregator:
             await _after_a_turn()
             await self._put_status(rid, view)
             return
-        lingering = rid in self._status_owed
         self._status_owed[rid] = view  # the newest view replaces a lingering one
-        if not lingering:
-            task = asyncio.create_task(self._linger_status(rid))
-            self._status_tasks.add(task)
-            task.add_done_callback(self._status_tasks.discard)
+        self._status_later.owe(rid)
 
-    async def _linger_status(self, request_id: str) -> None:
-        await asyncio.sleep(STATUS_LINGER_S)
+    async def _write_lingering_status(self, request_id: str) -> None:
         view = self._status_owed.pop(request_id, None)
         if view is None:
             return  # the request ended meanwhile: its final view is written
@@ -452,15 +424,6 @@ class Aggregator:
     async def _put_status(self, request_id: str, view: bytes) -> None:
         status_kv = await self.bus.kv(self.s.kv_status)
         await status_kv.put(request_id, view)
-
-    async def _flush_status(self) -> None:
-        """On stop: the lingering views now, not lost with the process."""
-        for task in list(self._status_tasks):
-            task.cancel()
-        await asyncio.gather(*self._status_tasks, return_exceptions=True)
-        owed, self._status_owed = self._status_owed, {}
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*(self._put_status(rid, view) for rid, view in owed.items()))
 
     async def _publish_owed(self, record: RequestRecord) -> None:
         rid = record.request_id
@@ -629,6 +592,37 @@ def _all_of(mutations: list[Callable[[RequestRecord], bool | None]]) -> Callable
         return any(changed)
 
     return apply
+
+
+class _Lingering:
+    """Writes owed per request, each written once ``delay_s()`` after it was first owed, however
+    often it is owed meanwhile (``write(key)`` takes what is owed then). ``flush`` on stop: what is
+    still waiting is written at once, not lost with the process (best effort)."""
+
+    def __init__(self, delay_s: Callable[[], float], write: Callable[[str], Awaitable[None]]) -> None:
+        self._delay_s, self._write = delay_s, write
+        self._waiting: dict[str, asyncio.Task[None]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def owe(self, key: str) -> None:
+        if key not in self._waiting:
+            task = asyncio.create_task(self._later(key))
+            self._waiting[key] = task
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _later(self, key: str) -> None:
+        await asyncio.sleep(self._delay_s())
+        del self._waiting[key]  # owed again from now on: a write of its own
+        await self._write(key)
+
+    async def flush(self, keys: list[str]) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self._waiting.clear()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(self._write(key) for key in keys))
 
 
 class _Contention(Exception):

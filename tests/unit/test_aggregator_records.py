@@ -134,7 +134,7 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatc
         rid = f"done-{i}" if i % 2 else f"run-{i}"
         event = Progress(request_id=rid, stage=Stage.train, state="started")
         await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
-    await asyncio.gather(*aggregator._progress_writers)
+    await asyncio.gather(*aggregator._progress_later.tasks)
     # Finished requests are forgotten at once; running ones are kept while the memory is small.
     assert not any(rid.startswith("done") for rid in aggregator._last_progress_write)
     assert len(aggregator._last_progress_write) == 3 * agg.PROGRESS_MEMORY // 2
