@@ -239,12 +239,15 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 ("a MAX_DELIVERIES advisory names a stream sequence: fetch that message to put its\n"
                  "payload in the dead letter (_on_max_deliveries)",
                  [f"$JS.API.STREAM.MSG.GET.{s.stream_events}", f"$JS.API.STREAM.MSG.GET.{s.stream_test}"]),
-                ("request records: get, create/update (compare-and-set), keys() for the sweeper (an\n"
-                 "ordered consumer on the KV stream; keys() reads its consumer's num_pending)",
+                ("request records: get, create/update (compare-and-set), and the sweeper's look at\n"
+                 "the open ones (an ordered, headers-only consumer on the KV stream; it reads its\n"
+                 "consumer's num_pending)",
                  [f"$JS.API.STREAM.MSG.GET.{t.kv(s.kv_requests)}", f"$KV.{s.kv_requests}.>",
                   f"$JS.API.CONSUMER.CREATE.{t.kv(s.kv_requests)}",
                   f"$JS.API.CONSUMER.INFO.{t.kv(s.kv_requests)}.*", f"$JS.FC.{t.kv(s.kv_requests)}.>"]),
-                ("the public view of each record (RequestStatusView): put only", [f"$KV.{s.kv_status}.>"]),
+                ("the public view of each record (RequestStatusView): compare-and-set, and a read\n"
+                 "when another aggregator wrote one first (the newer view stays)",
+                 [f"$KV.{s.kv_status}.>", f"$JS.API.STREAM.MSG.GET.{t.kv(s.kv_status)}"]),
                 ("what it publishes (no stage-results bucket: the aggregator's state is its record;\n"
                  "and no Object Store: it never reads or writes artifacts)",
                  [s.verdict(), s.report(), s.dlq]),

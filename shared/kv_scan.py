@@ -15,7 +15,8 @@ so the NATS permissions it needs are the same.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import nats.errors
@@ -33,6 +34,8 @@ class KeyChange:
     value: bytes | None  # None with meta_only
     operation: str | None  # None for a value; "DEL" or "PURGE" for a removal
     revision: int
+    #: The headers the entry was written with (meta_only delivers them too).
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def removed(self) -> bool:
@@ -42,23 +45,30 @@ class KeyChange:
 class BucketWatch:
     """``async with BucketWatch(js, bucket) as watch``: ``await watch.next(timeout_s)`` returns each
     key's latest change, then ``None`` once when the snapshot is complete, then every later change.
-    Raises ``nats.errors.TimeoutError`` when nothing came for ``timeout_s``."""
+    Raises ``nats.errors.TimeoutError`` when nothing came for ``timeout_s``.
 
-    def __init__(self, js: JetStreamContext, bucket: str, *, meta_only: bool = False) -> None:
+    ``since``: only the keys written at or after this revision (the bucket's stream sequence);
+    a bucket that keeps one revision per key holds nothing older of them, so that is each such
+    key's latest change, and the snapshot is what was written since."""
+
+    def __init__(self, js: JetStreamContext, bucket: str, *, meta_only: bool = False, since: int | None = None) -> None:
         self.js = js
         self.bucket = bucket
         self.prefix = f"$KV.{bucket}."
         self.meta_only = meta_only
+        self.since = since
         self._sub: JetStreamContext.PushSubscription | None = None
         self._snapshot_done = False
         self._marker_due = False
 
     async def __aenter__(self) -> BucketWatch:
+        since = self.since is not None and self.since > 1
         self._sub = await self.js.subscribe(
             self.prefix + ">",
             stream=f"KV_{self.bucket}",
+            config=api.ConsumerConfig(opt_start_seq=self.since) if since else None,
             ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if since else api.DeliverPolicy.LAST_PER_SUBJECT,
             headers_only=self.meta_only,
             # The server drops the consumer this long after our interest ends (an unsubscribe leaves it
             # behind): short, or every sweep and listing would leave one for nats-py's five minutes.
@@ -108,6 +118,7 @@ class BucketWatch:
             value=None if self.meta_only else msg.data,
             operation=operation,
             revision=msg.metadata.sequence.stream,
+            headers=headers,
         )
 
 

@@ -55,6 +55,10 @@ class RequestStatusView(Model):
     failed_stage: FailedStage | None = None
     final_decision: bool | None = None
     cancel_requested: bool = False
+    #: The requests bucket's revision of the record this view shows: a view only ever replaces
+    #: one of a lower revision (aggregators may write one request's views out of order). Not
+    #: stored in the record itself, whose own KV entry says its revision.
+    revision: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -83,6 +87,11 @@ class RequestRecord(RequestStatusView):
         aggregator writes it on every update: a third of the time)."""
         return self.model_dump_json(include=_PUBLIC_FIELDS).encode()
 
+    def stored_json(self) -> bytes:
+        """The record as the requests bucket holds it (its revision is the entry's own)."""
+        return self.model_dump_json(exclude=_NOT_STORED).encode()
+
 
 #: The record's fields that anyone may read: RequestStatusView's, never the private ones below it.
 _PUBLIC_FIELDS: frozenset[str] = frozenset(RequestStatusView.model_fields)
+_NOT_STORED: frozenset[str] = frozenset({"revision"})

@@ -29,8 +29,8 @@ from typing import Any
 
 import nats
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
 
+from services.aggregator.records_bucket import OpenRecords, RecordBucket
 from services.aggregator.verdicts import (
     build_report,
     cancelled_verdict,
@@ -53,9 +53,8 @@ from shared.events import (
     TrainResult,
     utcnow,
 )
-from shared.kv_scan import list_keys
 from shared.logs import bound, get_logger
-from shared.records import RequestRecord, StageTiming
+from shared.records import RequestRecord, RequestStatusView, StageTiming
 from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
 from shared.tasks import cancel_until_done
 
@@ -91,7 +90,11 @@ class Aggregator:
         self.concurrency = concurrency
         #: The subjects each stage's consumer reads (from the pipeline's specs).
         self.stage_reads = dict(stage_reads or {})
-        self._kv: KeyValue | None = None
+        self._kv: RecordBucket | None = None
+        #: The requests the sweeper looks at: those whose record is still open.
+        self._open: OpenRecords | None = None
+        #: The status bucket's revision of the view this aggregator last wrote, per request under way.
+        self._view_revisions: OrderedDict[str, int] = OrderedDict()
         self._last_progress_write: dict[str, float] = {}
         self._records: OrderedDict[str, tuple[RequestRecord, int]] = OrderedDict()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -103,13 +106,13 @@ class Aggregator:
         # subscription's callbacks run one after the other and must not wait for a write).
         self._progress_owed: dict[str, list[Callable[[RequestRecord], bool | None]]] = {}
         self._progress_later = _Lingering(lambda: PROGRESS_LINGER_S, self._write_progress)
-        # Public views waiting out their linger: the newest of each request.
-        self._status_owed: dict[str, bytes] = {}
+        # Public views waiting out their linger: the newest of each request, with its record revision.
+        self._status_owed: dict[str, tuple[bytes, int]] = {}
         self._status_later = _Lingering(lambda: STATUS_LINGER_S, self._write_lingering_status)
 
-    async def kv(self) -> KeyValue:
+    async def kv(self) -> RecordBucket:
         if self._kv is None:
-            self._kv = await self.bus.kv(self.s.kv_requests)
+            self._kv = RecordBucket(self.bus.js, await self.bus.kv(self.s.kv_requests), self.s.kv_requests)
         return self._kv
 
     # ------------------------------------------------------------------ running
@@ -257,7 +260,9 @@ class Aggregator:
             return None, None
         if not entry.value:
             return None, None
-        return RequestRecord.model_validate_json(entry.value), entry.revision
+        record = RequestRecord.model_validate_json(entry.value)
+        record.revision = entry.revision
+        return record, entry.revision
 
     @contextlib.asynccontextmanager
     async def _hold(self, request_id: str) -> AsyncIterator[None]:
@@ -280,6 +285,7 @@ class Aggregator:
             # finished records (tens of KB each) made the aggregator grow by 30 MB in its first
             # RECORD_MEMORY requests (bench/soak.py); now it holds only requests under way.
             self._records.pop(record.request_id, None)
+            self._view_revisions.pop(record.request_id, None)
             return
         self._records[record.request_id] = (record, revision)
         self._records.move_to_end(record.request_id)
@@ -314,12 +320,14 @@ class Aggregator:
             if record.verdict is not None and report_ready(record):
                 record.report = build_report(record)
             record.updated_at = utcnow()
-            data = record.model_dump_json().encode()
+            data = record.stored_json()
+            # Open until its verdict and report are out and marked: the sweeper follows this.
+            open_ = not (record.verdict_published and record.report_published)
             try:
                 if revision is None:
-                    written = await kv.create(request_id, data)
+                    written = await kv.create(request_id, data, open_=open_)
                 else:
-                    written = await kv.update(request_id, data, last=revision)
+                    written = await kv.update(request_id, data, last=revision, open_=open_)
             except KeyWrongLastSequenceError:
                 if remembered is None and attempt:
                     # Someone else updated it first: re-read and re-apply, after a little jitter so
@@ -332,6 +340,7 @@ class Aggregator:
                     continue
                 raise
             if isinstance(written, int):
+                record.revision = written
                 self._remember(record, written)
             return record, True
         raise _Contention(attempts)
@@ -392,8 +401,12 @@ class Aggregator:
         if record.terminal:
             self._last_progress_write.pop(request_id, None)  # its progress is over
         # The public view and what the record owes are independent writes: both at once, the
-        # verdict first (the user waits for it).
-        await asyncio.gather(self._publish_owed(record), self._publish_status(record))
+        # verdict first (the user waits for it). The mark comes after both: a record marked done
+        # has its final view written, so the sweeper, which looks only at open records, never
+        # needs to write it again.
+        published, _ = await asyncio.gather(self._publish_owed(record), self._publish_status(record))
+        if published:
+            await self._mark(request_id, *published)
         return record
 
     async def _publish_status(self, record: RequestRecord) -> None:
@@ -406,26 +419,54 @@ class Aggregator:
         if record.terminal or record.cancel_requested:
             self._status_owed.pop(rid, None)  # a lingering one is older: never written after this
             await _after_a_turn()
-            await self._put_status(rid, view)
+            await self._put_status(rid, view, record.revision)
             return
-        self._status_owed[rid] = view  # the newest view replaces a lingering one
+        self._status_owed[rid] = (view, record.revision)  # the newest view replaces a lingering one
         self._status_later.owe(rid)
 
     async def _write_lingering_status(self, request_id: str) -> None:
-        view = self._status_owed.pop(request_id, None)
-        if view is None:
+        owed = self._status_owed.pop(request_id, None)
+        if owed is None:
             return  # the request ended meanwhile: its final view is written
         try:
-            await self._put_status(request_id, view)
+            await self._put_status(request_id, *owed)
         except Exception as exc:
-            log.warning("public view not written; the sweeper writes it again", request_id=request_id,
+            log.warning("public view not written; the request's next update writes it", request_id=request_id,
                         error=str(exc))
 
-    async def _put_status(self, request_id: str, view: bytes) -> None:
+    async def _put_status(self, request_id: str, view: bytes, revision: int, *, attempts: int = 20) -> None:
+        """Write ``view`` (of the record at ``revision``) unless the bucket holds a view of a later
+        revision already: several aggregators, each handling some of a request's events, and
+        lingering views may write one request's views out of order, and the newest must stay.
+        A compare-and-set on the status bucket's own revision, which this aggregator remembers
+        from its last write of that request (no read); a write that loses reads what won."""
         status_kv = await self.bus.kv(self.s.kv_status)
-        await status_kv.put(request_id, view)
+        last = self._view_revisions.pop(request_id, None)
+        for _ in range(attempts):
+            try:
+                if last is None:
+                    written = await status_kv.create(request_id, view)
+                else:
+                    written = await status_kv.update(request_id, view, last=last)
+            except KeyWrongLastSequenceError:
+                try:
+                    entry = await status_kv.get(request_id)
+                except KeyNotFoundError:
+                    last = None
+                    continue
+                if _view_revision(entry.value) >= revision:
+                    return  # a view as new or newer is there
+                last = entry.revision
+                continue
+            self._view_revisions[request_id] = written  # forgotten with the record (_remember)
+            while len(self._view_revisions) > RECORD_MEMORY:
+                self._view_revisions.popitem(last=False)
+            return
+        raise RuntimeError(f"could not write the public view of {request_id}: {attempts} concurrent writes won")
 
-    async def _publish_owed(self, record: RequestRecord) -> None:
+    async def _publish_owed(self, record: RequestRecord) -> list[str]:
+        """Publish the verdict and the report if the record owes them; the flags to mark then (the
+        caller marks them, once whatever else must come first is done too)."""
         rid = record.request_id
         with bound(request_id=rid, stage=Stage.aggregate.value):
             # Both at once when both are owed (a request that failed before the benchmark), then
@@ -439,7 +480,7 @@ class Aggregator:
                     self.s.report(rid), record.report, f"{rid}:aggregate:report",
                     wait_a_turn="verdict_published" in owed)
             if not owed:
-                return
+                return []
             await asyncio.gather(*owed.values())
             if record.verdict is not None and "verdict_published" in owed:
                 log.info(
@@ -450,7 +491,7 @@ class Aggregator:
                 )
             if record.report is not None and "report_published" in owed:
                 log.info("report published", has_test=record.report.benchmark_test is not None)
-            await self._mark(rid, *owed)
+            return list(owed)
 
     async def _publish_once(self, subject: str, event: Any, msg_id: str, *, wait_a_turn: bool = False) -> None:
         if wait_a_turn:
@@ -533,20 +574,26 @@ class Aggregator:
                 log.exception("sweep failed")
 
     async def sweep(self) -> None:
+        """Look at every open record (services/aggregator/records_bucket.py): publish what a crash
+        left unpublished, give up on a hidden test split that never came, and end stuck requests."""
         await self.kv()  # the bucket exists
-        keys = await list_keys(self.bus.js, self.s.kv_requests)
+        if self._open is None:
+            self._open = OpenRecords(self.bus.js, self.s.kv_requests)
+        keys = await self._open.refresh()
         now = utcnow()
         for key in keys:
             record, _ = await self.get(key)
-            if record is None:
+            if record is None or (record.verdict_published and record.report_published):
+                self._open.forget(key)  # gone, or done (written before records said so)
                 continue
-            if now - record.updated_at < timedelta(minutes=5):
-                # Concurrent aggregator workers may have written the public view out of order.
-                await self._put_status(key, record.public_view_json())
             if record.verdict is not None:
                 if not record.verdict_published or (record.report and not record.report_published):
                     async with self._hold(key):
-                        await self._publish_owed(record)
+                        # A crash after the record's write: its final view first, then the rest.
+                        await self._put_status(key, record.public_view_json(), record.revision)
+                        published = await self._publish_owed(record)
+                        if published:
+                            await self._mark(key, *published)
                 elif record.report is None and now - record.updated_at > self._limit("bench"):
                     await self.update(key, _give_up_on_test)
                 continue
@@ -571,6 +618,16 @@ class Aggregator:
 
 
 # ---------------------------------------------------------------------- pure record transitions
+
+
+def _view_revision(value: bytes | None) -> int:
+    """The record revision a stored public view shows (0: none, or a view from before views said)."""
+    if not value:
+        return 0
+    try:
+        return RequestStatusView.model_validate_json(value).revision
+    except ValueError:
+        return 0
 
 
 async def _after_a_turn() -> None:

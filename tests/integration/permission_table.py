@@ -352,7 +352,7 @@ def build_table() -> list[Op]:
     results = {stage: S.kv_stage_results(stage) for stage in Stage}
     for bucket, get_who, keys_who, put_who in (
         (S.kv_requests, _users("aggregate", "dashboard"), _users("aggregate", "dashboard"), _users("aggregate")),
-        (S.kv_status, _users(*STAGES, "agent", "dashboard"), _users("dashboard"), _users("aggregate")),
+        (S.kv_status, _users(*STAGES, "aggregate", "agent", "dashboard"), _users("dashboard"), _users("aggregate")),
         *(
             (results[stage], _users(user), _users(), _users(user))
             for stage, user in STAGE_USERS.items()

@@ -159,7 +159,7 @@ async def test_marking_a_record_never_gives_up_silently() -> None:
         async def get(self, key: str) -> Entry:
             return Entry(RequestRecord(request_id="r1").model_dump_json().encode(), 7)
 
-        async def update(self, key: str, value: bytes, last: int) -> None:
+        async def update(self, key: str, value: bytes, last: int, *, open_: bool) -> None:
             self.updates += 1
             raise KeyWrongLastSequenceError()
 
@@ -177,10 +177,12 @@ async def test_marking_a_record_never_gives_up_silently() -> None:
 
 
 class MemoryKV:
-    """KV get/create/update with revisions, counting the reads."""
+    """KV get/create/update with revisions, counting the reads; ``opened`` keeps what each key's
+    last write said of the record (the requests bucket's open header), when a write said it."""
 
     def __init__(self) -> None:
         self.data: dict[str, tuple[bytes, int]] = {}
+        self.opened: dict[str, bool] = {}
         self.gets = 0
 
     async def get(self, key: str) -> Any:
@@ -192,21 +194,25 @@ class MemoryKV:
         value, revision = self.data[key]
         return SimpleNamespace(value=value, revision=revision)
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, *, open_: bool | None = None) -> int:
         from nats.js.errors import KeyWrongLastSequenceError
 
         if key in self.data:
             raise KeyWrongLastSequenceError()
         self.data[key] = (value, 1)
+        if open_ is not None:
+            self.opened[key] = open_
         return 1
 
-    async def update(self, key: str, value: bytes, last: int) -> int:
+    async def update(self, key: str, value: bytes, last: int, *, open_: bool | None = None) -> int:
         from nats.js.errors import KeyWrongLastSequenceError
 
-        revision = self.data[key][1]
+        revision = self.data[key][1] if key in self.data else 0
         if last != revision:
             raise KeyWrongLastSequenceError()
         self.data[key] = (value, revision + 1)
+        if open_ is not None:
+            self.opened[key] = open_
         return revision + 1
 
 
@@ -242,15 +248,22 @@ async def test_a_request_under_way_is_remembered_and_a_finished_one_is_not() -> 
     assert RequestRecord.model_validate_json(kv.data["r1"][0]).stage == "bench"
 
 
-class StatusKV:
-    """The status bucket: every put, in order."""
+class StatusKV(MemoryKV):
+    """The status bucket: every view written, in order."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.puts: list[tuple[str, RequestStatusView]] = []
 
-    async def put(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, *, open_: bool | None = None) -> int:
+        written = await super().create(key, value)
         self.puts.append((key, RequestStatusView.model_validate_json(value)))
-        return len(self.puts)
+        return written
+
+    async def update(self, key: str, value: bytes, last: int, *, open_: bool | None = None) -> int:
+        written = await super().update(key, value, last)
+        self.puts.append((key, RequestStatusView.model_validate_json(value)))
+        return written
 
 
 class RecordingBus:
@@ -339,3 +352,46 @@ async def test_a_first_event_finds_a_record_already_there_and_keeps_it() -> None
     record = RequestRecord.model_validate_json(kv.data["r1"][0])
     assert kv.gets == 1 and kv.data["r1"][1] == 5
     assert record.stage == "train" and record.task == CONTEXT.task
+
+
+async def test_a_public_view_never_replaces_a_newer_one() -> None:
+    """Two aggregators each handle some of one request's events (the consumer balances them), and
+    a view may linger: views land out of order, and the newest record revision's view stays."""
+    bus = RecordingBus()
+    first, second = agg.Aggregator(bus), agg.Aggregator(bus)  # type: ignore[arg-type]
+
+    def view(status: str, revision: int) -> bytes:
+        return RequestStatusView(request_id="r1", status=status, revision=revision).model_dump_json().encode()  # type: ignore[arg-type]
+
+    await first._put_status("r1", view("running", 3), 3)
+    await second._put_status("r1", view("error", 5), 5)  # the final one, from the other aggregator
+    await first._put_status("r1", view("running", 4), 4)  # a lingering view, older: dropped
+    stored = RequestStatusView.model_validate_json(bus.status.data["r1"][0])
+    assert (stored.status, stored.revision) == ("error", 5)
+    await first._put_status("r1", view("error", 7), 7)  # a later one replaces it
+    assert RequestStatusView.model_validate_json(bus.status.data["r1"][0]).revision == 7
+    assert [v.revision for _, v in bus.status.puts] == [3, 5, 7]
+
+
+async def test_a_record_says_it_is_open_until_its_verdict_and_report_are_out() -> None:
+    """The header the sweeper follows (services/aggregator/records_bucket.py), and the record's
+    revision: the entry's own, never stored in it, and carried by its public view."""
+    bus = RecordingBus()
+    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
+    kv = MemoryKV()
+    aggregator._kv = kv  # type: ignore[assignment]
+    from shared.events import EvalRequested
+
+    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
+                              SimpleNamespace(subject=bus.subjects.eval_requested))  # type: ignore[arg-type]
+    assert kv.opened["r1"] is True
+    await aggregator.on_event(CancelRequested(request_id="r1"),
+                              SimpleNamespace(subject=bus.subjects.cancel))  # type: ignore[arg-type]
+    assert bus.published == [bus.subjects.verdict("r1"), bus.subjects.report("r1")]
+    stored, revision = kv.data["r1"]
+    assert revision == 3 and kv.opened["r1"] is False, "created, claimed (open), then marked done"
+    assert "revision" not in json.loads(stored)
+    assert [v.revision for _, v in bus.status.puts] == [2], "one view: the final one, of the claiming write"
+    aggregator._records.clear()
+    record, _ = await aggregator.get("r1")
+    assert record is not None and record.revision == 3
