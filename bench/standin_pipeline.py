@@ -308,14 +308,20 @@ def main() -> None:
     parser.add_argument("--timings", type=Path, required=True)
     parser.add_argument("--concurrency", type=int, default=None)
     args = parser.parse_args()
+    from shared.loop import run
+    from shared.settings import Settings
+
+    # The loop `ftbus worker` runs on; BENCH_EVENT_LOOP=asyncio|uvloop sets it for an A/B (the
+    # stand gives its workers only the FTBUS_* settings it chose).
+    event_loop = os.environ.get("BENCH_EVENT_LOOP") or Settings().event_loop
     profile_dir = os.environ.get("BENCH_PROFILE_DIR")  # a folder: each worker's cProfile stats go there
     if not profile_dir:
-        asyncio.run(_worker(args.worker, args.timings, args.concurrency))
+        run(_worker(args.worker, args.timings, args.concurrency), event_loop)
         return
     import cProfile
 
     with cProfile.Profile() as prof:
-        asyncio.run(_worker(args.worker, args.timings, args.concurrency))
+        run(_worker(args.worker, args.timings, args.concurrency), event_loop)
     prof.dump_stats(str(Path(profile_dir) / f"{args.worker}.prof"))
 
 

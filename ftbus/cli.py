@@ -11,15 +11,16 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from ftbus.stages import PIPELINE
+from shared import loop as event_loop
 from shared.bus import Bus, NotConnected, PermissionDenied
 from shared.events import Progress, Report, Stage, TaskSpec, Timeouts, Verdict
 from shared.logs import get_logger, setup_logging
@@ -60,11 +61,11 @@ def _settings(config: Path | None, url: str | None = None) -> Settings:
     return settings
 
 
-def _run(coro: Awaitable[int]) -> None:
-    """Run a command; anything unexpected is an infrastructure error: exit 2, never 1 (1 means
-    final_decision false)."""
+def _run(coro: Coroutine[Any, Any, int], settings: Settings) -> None:
+    """Run a command on the configured event loop; anything unexpected is an infrastructure error:
+    exit 2, never 1 (1 means final_decision false)."""
     try:
-        code = asyncio.run(coro)  # type: ignore[arg-type]
+        code = event_loop.run(coro, settings.event_loop)
     except NotConnected as exc:
         err.print(f"[red]error:[/] {exc}")
         code = 2
@@ -159,7 +160,7 @@ def up(
                 server.stop()
         return 0
 
-    _run(main())
+    _run(main(), settings)
 
 
 def _print_sandbox(settings: Settings) -> None:
@@ -203,7 +204,7 @@ def worker(
             await bus.close()
         return 0
 
-    _run(main())
+    _run(main(), settings)
 
 
 # ---------------------------------------------------------------------- submit and friends
@@ -292,7 +293,7 @@ def submit(
             _print_verdict(verdict, as_json)
             return _exit_code(verdict)
 
-    _run(main())
+    _run(main(), settings)
 
 
 def _submit_batch(settings: Settings, workspaces: list[Path], tasks_file: Path | None, wait: bool, as_json: bool,
@@ -311,7 +312,7 @@ def _submit_batch(settings: Settings, workspaces: list[Path], tasks_file: Path |
     except TaskFileError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    _run(submit_batch(settings, tasks, wait=wait, as_json=as_json, out=out, err=err))
+    _run(submit_batch(settings, tasks, wait=wait, as_json=as_json, out=out, err=err), settings)
 
 
 @app.command()
@@ -336,7 +337,7 @@ def get(
         _print_verdict(verdict, as_json)
         return _exit_code(verdict)
 
-    _run(main())
+    _run(main(), settings)
 
 
 @app.command()
@@ -380,7 +381,7 @@ def status(
             out.print(f"final_decision: {record.final_decision}")
         return 0
 
-    _run(main())
+    _run(main(), settings)
 
 
 @app.command()
@@ -401,7 +402,7 @@ def cancel(
         err.print(f"cancel requested for {request_id}")
         return 0
 
-    _run(main())
+    _run(main(), settings)
 
 
 @app.command()
@@ -428,7 +429,7 @@ def watch(
                     out.print(f"{item.request_id}  [bold]verdict[/] {item.status} final_decision={item.final_decision}")
         return 0
 
-    _run(main())
+    _run(main(), settings)
 
 
 # ---------------------------------------------------------------------- dashboard
@@ -465,7 +466,7 @@ def dashboard(
             await server.stop()
         return 0
 
-    _run(main())
+    _run(main(), settings)
 
 
 async def _up_dashboard(settings: Settings, nats_url: str) -> DashboardServer | None:
@@ -507,7 +508,7 @@ def ls_requests(
     settings = _settings(config, nats_url)
     from ftbus.batch import ls_main
 
-    _run(ls_main(settings, status_filter or [], limit, as_json, out))
+    _run(ls_main(settings, status_filter or [], limit, as_json, out), settings)
 
 
 @app.command()
@@ -531,7 +532,7 @@ def logs(
     settings = _settings(config, nats_url)
     from ftbus.batch import logs_main
 
-    _run(logs_main(settings, request_id, stage, follow, out, err))
+    _run(logs_main(settings, request_id, stage, follow, out, err), settings)
 
 
 # ---------------------------------------------------------------------- assets

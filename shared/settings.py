@@ -266,6 +266,13 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: str = "INFO"
 
+    # ------------------------------------------------------------------ runtime
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="The event loop of every ftbus process: uvloop (the event loop's work in C; pre-check "
+        "failures in a burst: about 10% more a second, bench/precheck_burst.py) or the standard asyncio loop.",
+    )
+
 
     @classmethod
     def settings_customise_sources(
