@@ -8,6 +8,8 @@
                 when a stage exhausted max_deliver (counted with its reason)
     unsubmitted every submit attempt failed (the client was told: not a lost request, but reported)
     leftovers   processes of the run (candidates, workers, undertakers, servers) alive after it
+    stale views a request with a verdict whose public view (`ftbus status`) does not show it: two
+                aggregators write one request's views, and an older one must never land last
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Result:
     unsubmitted: list[str] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
     crashed: list[str] = field(default_factory=list)  # workers that exited on their own
+    stale_views: list[str] = field(default_factory=list)
     by_kind: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
@@ -39,7 +42,8 @@ class Result:
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers or self.crashed)
+        return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers or self.crashed
+                    or self.stale_views)
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies:
@@ -62,6 +66,7 @@ class Result:
             ("unsubmitted", f"{len(self.unsubmitted)} {self.unsubmitted[:5] if self.unsubmitted else ''}"),
             ("leftovers", f"{len(self.leftovers)} {self.leftovers[:5] if self.leftovers else ''}"),
             ("workers that crashed", f"{len(self.crashed)} {self.crashed[:5] if self.crashed else ''}"),
+            ("stale public views", f"{len(self.stale_views)} {self.stale_views[:5] if self.stale_views else ''}"),
             ("latency p50 / p99", f"{p50:.1f} s / {p99:.1f} s" if p50 is not None and p99 is not None else "-"),
             ("most submit attempts", str(self.max_submit_attempts)),
             ("result", "FAIL" if self.failed else "PASS"),

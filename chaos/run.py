@@ -93,6 +93,7 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
         info = await retry(lambda: client.bus.js.stream_info(subjects.stream_verdicts, subjects_filter=">"))
         stream_counts = dict(info.state.subjects or {})
         await _explain_missing(client, load)
+        stale_views = await _stale_views(client, load)
         # Exits nobody asked for (the supervisor started those workers again), and workers down now.
         crashed = [f"{svc.name} exited {code}" for svc in services.all for code in svc.exits]
         crashed += [f"{svc.name} down (exit {svc.proc.returncode})" for svc in services.all
@@ -109,6 +110,7 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
     left = await asyncio.to_thread(leftovers, root)
     result = check(load.requests, stream_counts, published, published_counts, left, faults.done, subjects.verdict)
     result.crashed = crashed
+    result.stale_views = stale_views
     if result.failed and args.keep_logs:
         kept = args.keep_logs / time.strftime("chaos-%Y%m%d-%H%M%S")
         shutil.copytree(root / "logs", kept / "workers")
@@ -116,6 +118,18 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
             shutil.copy(node.log, kept / f"{node.name}.log")
         print(f"  logs kept in {kept}", flush=True)
     return result, ack_losses, faults.log
+
+
+async def _stale_views(client: FtbusClient, load: Load) -> list[str]:
+    """Requests whose public view does not show the verdict they got."""
+    stale = []
+    for req in load.requests:
+        if req.verdict is None:
+            continue
+        view = await retry(lambda rid=req.rid: client.status(rid))
+        if view is None or view.status != req.verdict.status:
+            stale.append(f"{req.rid} (view {view.status if view else 'missing'}, verdict {req.verdict.status})")
+    return stale
 
 
 async def _explain_missing(client: FtbusClient, load: Load) -> None:
