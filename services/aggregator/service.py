@@ -121,17 +121,22 @@ class Aggregator:
         s = self.s
         durable = s.durable(Stage.aggregate)
         # Three consumers, one handler, no stage policies: the aggregator must see cancelled
-        # requests, and it stores and announces nothing. (stream, durable, filters, accepts, rule)
+        # requests, and it stores and announces nothing. (stream, durable, filters, accepts, rule,
+        # concurrency). Each fetch loop keeps a pull request waiting at the server, renewed every
+        # 2 s while idle: the loops follow each stream's traffic, about five events a request, one
+        # test-split result, and a dead letter now and then.
         consumers = [
-            (s.stream_events, durable, s.event_stream_subjects(), ACCEPTS, self._dead_letters_here),
-            (s.stream_test, f"{durable}-test", [s.bench_test], (BenchResult,), always_dead_letter),
-            (s.stream_dlq, f"{durable}-dlq", [s.dlq], (DeadLetter,), never_dead_letter),
+            (s.stream_events, durable, s.event_stream_subjects(), ACCEPTS, self._dead_letters_here,
+             self.concurrency),
+            (s.stream_test, f"{durable}-test", [s.bench_test], (BenchResult,), always_dead_letter,
+             max(1, self.concurrency // 4)),
+            (s.stream_dlq, f"{durable}-dlq", [s.dlq], (DeadLetter,), never_dead_letter, min(2, self.concurrency)),
         ]
         workers = [
-            StageWorker(self.bus, Stage.aggregate, self.on_event, accepts, concurrency=self.concurrency,
+            StageWorker(self.bus, Stage.aggregate, self.on_event, accepts, concurrency=loops,
                         stream=stream, durable=name, filters=filters, policies=(), dead_letter=rule,
                         log_each=False)
-            for stream, name, filters, accepts, rule in consumers
+            for stream, name, filters, accepts, rule, loops in consumers
         ]
         progress_sub = await self.bus.nc.subscribe(self.s.progress(), cb=self._on_progress)
         tasks = [
