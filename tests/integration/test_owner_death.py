@@ -3,6 +3,7 @@ running, and `ftbus up` started again on the same home resumes the request that 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -65,6 +66,16 @@ def _undertakers_of(owner: int) -> list[int]:
     return found
 
 
+async def _wait_train_started(client: FtbusClient, request_id: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view = await client.status(request_id)
+        if view is not None and "train" in view.stages and view.stages["train"].attempts >= 1:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the train stage's start never reached the status view of {request_id}")
+
+
 def _wait_dead(pids: dict[str, int], timeout_s: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -91,6 +102,11 @@ async def test_kill_9_of_ftbus_up_leaves_nothing_running_and_a_restart_resumes(
                                                          "standin_pid_file": str(pid_file)})
             rid = await client.submit(ws, TASK)
             await wait_for_file(pid_file, 120)
+            # The first attempt is on record before the kill: the aggregator writes a stage's start
+            # up to 0.25 s late (with its result, when that comes first), and what it has not written
+            # dies with it. (The server itself may lose its last moments' consumer state to kill -9:
+            # the redelivery can then come as a first delivery, "attempt 1".)
+            await _wait_train_started(client, rid)
         finally:
             await client.close()
         pids = read_pids(pid_file)
@@ -117,6 +133,9 @@ async def test_kill_9_of_ftbus_up_leaves_nothing_running_and_a_restart_resumes(
             await client.close()
         assert verdict.status == "completed" and verdict.final_decision is True, verdict.execution
         assert view is not None and view.stages["train"].attempts >= 2
+        # Training really ran again after the restart: the stand-in trainer wrote its pid file anew.
+        again = read_pids(pid_file)
+        assert again is not None and again[0] != pids[0]
     finally:
         if up.poll() is None:
             up.send_signal(signal.SIGINT)
