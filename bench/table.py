@@ -52,6 +52,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("precheck_burst", "pre-check failures, 100 at once"),
     Script("pipelining", "a burst of 20 against the ideal pipeline bound"),
     Script("sweep_cost", "the aggregator's sweep against a bucket of finished requests"),
+    Script("ls_cost", "listing requests (`ftbus ls`) with many on the server"),
     Script("artifact_memory", "a worker's memory while it moves a 1 GB artifact"),
     Script("stage_times", "each stage's time, cold and warm"),
     Script("pipeline_vs_direct", "the tiny end to end against the same tools run directly"),

@@ -122,12 +122,20 @@ class BucketWatch:
         )
 
 
+async def latest(js: JetStreamContext, bucket: str, *, meta_only: bool = False,
+                 timeout_s: float = 10.0) -> list[KeyChange]:
+    """Every key of ``bucket`` that holds a value now, with its latest value (only its headers with
+    ``meta_only``), in stream order, read in one pass (no request per key); ``[]`` for an empty
+    bucket. ``timeout_s`` bounds each wait for the server's next message."""
+    changes: list[KeyChange] = []
+    async with BucketWatch(js, bucket, meta_only=meta_only) as watch:
+        while (change := await watch.next(timeout_s)) is not None:
+            if not change.removed:
+                changes.append(change)
+    return changes
+
+
 async def list_keys(js: JetStreamContext, bucket: str, timeout_s: float = 10.0) -> list[str]:
     """Every key of ``bucket`` that holds a value now (removed keys left out), in stream order;
     ``[]`` for an empty bucket. ``timeout_s`` bounds each wait for the server's next message."""
-    keys: list[str] = []
-    async with BucketWatch(js, bucket, meta_only=True) as watch:
-        while (change := await watch.next(timeout_s)) is not None:
-            if not change.removed:
-                keys.append(change.key)
-    return keys
+    return [change.key for change in await latest(js, bucket, meta_only=True, timeout_s=timeout_s)]

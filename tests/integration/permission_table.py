@@ -19,7 +19,7 @@ from nats.js import api
 
 from shared.bus import Bus
 from shared.events import Stage
-from shared.kv_scan import list_keys
+from shared.kv_scan import latest, list_keys
 from shared.subjects import Subjects
 
 S = Subjects("ftbus")
@@ -222,12 +222,15 @@ def kv_get(bucket: str) -> OpFn:
 
 
 def kv_keys(bucket: str) -> OpFn:
-    """The listing the dashboard, the client and the aggregator's sweep do (shared/kv_scan.py)."""
+    """The whole-bucket reads the dashboard, the client (`ftbus ls`) and the aggregator's sweep do
+    (shared/kv_scan.py): the keys, and every key's latest value in one pass."""
 
     async def run(bus: Bus, ctx: Context) -> None:
         await bus.guard(bus.js.key_value(bucket))
         keys = await bus.guard(list_keys(bus.js, bucket))
         assert SEED_KEY in keys
+        values = {change.key: change.value for change in await bus.guard(latest(bus.js, bucket))}
+        assert values[SEED_KEY] == SEED_BYTES
 
     return run
 

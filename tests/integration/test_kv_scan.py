@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
 
 from shared.bus import Bus
-from shared.kv_scan import BucketWatch, KeyChange, list_keys
+from shared.kv_scan import BucketWatch, KeyChange, latest, list_keys
 
 
 async def new_bucket(bus: Bus) -> str:
@@ -105,6 +105,7 @@ async def test_list_keys_finds_what_a_late_read_hides_from_nats_py(bus: Bus) -> 
             await kv.keys()
         # ...and ours waits for the message the server says it delivered.
         assert await list_keys(bus.js, bucket) == ["request-1"]
+        assert [(c.key, c.value) for c in await latest(bus.js, bucket)] == [("request-1", b"{}")]
     # Read at once, both agree.
     assert await kv.keys() == await list_keys(bus.js, bucket) == ["request-1"]
 
@@ -119,6 +120,8 @@ async def test_list_keys_leaves_removed_keys_out_and_an_empty_bucket_is_empty(bu
     await kv.purge("d")
     await kv.put("a", b"again")  # a key's latest value counts once
     assert sorted(await list_keys(bus.js, bucket)) == ["a", "c"]
+    # The values in one pass: each key's latest, none of a removed key.
+    assert {c.key: c.value for c in await latest(bus.js, bucket)} == {"a": b"again", "c": b"c"}
     for key in ("a", "c"):
         await kv.delete(key)
     assert await list_keys(bus.js, bucket) == []
