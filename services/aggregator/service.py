@@ -109,6 +109,17 @@ class Aggregator:
         # Public views waiting out their linger: the newest of each request, with its record revision.
         self._status_owed: dict[str, tuple[bytes, int]] = {}
         self._status_later = _Lingering(lambda: STATUS_LINGER_S, self._write_lingering_status)
+        s = self.s
+        #: Each event type's own subjects (a test-split BenchResult's is s.bench_test alone): `_belongs`.
+        self._home_subjects: dict[type, frozenset[str]] = {
+            EvalRequested: frozenset({s.eval_requested}),
+            CancelRequested: frozenset({s.cancel}),
+            DataResult: frozenset({s.data_completed, s.data_failed}),
+            TrainResult: frozenset({s.train_completed, s.train_failed}),
+            BenchResult: frozenset({s.bench_completed, s.bench_failed}),
+            JudgeResult: frozenset({s.judge_completed}),
+            DeadLetter: frozenset({s.dlq}),
+        }
 
     async def kv(self) -> RecordBucket:
         if self._kv is None:
@@ -169,18 +180,9 @@ class Aggregator:
     def _belongs(self, event: Any, subject: str) -> bool:
         """An event is only believed on its own subject: a JudgeResult published on
         data.completed is the data stage's dead letter, not a verdict."""
-        s = self.s
-        is_test = getattr(event, "split", None) == "test"
-        allowed = {
-            EvalRequested: {s.eval_requested},
-            CancelRequested: {s.cancel},
-            DataResult: {s.data_completed, s.data_failed},
-            TrainResult: {s.train_completed, s.train_failed},
-            BenchResult: {s.bench_test} if is_test else {s.bench_completed, s.bench_failed},
-            JudgeResult: {s.judge_completed},
-            DeadLetter: {s.dlq},
-        }.get(type(event), set())
-        return subject in allowed
+        if isinstance(event, BenchResult) and event.split == "test":
+            return subject == self.s.bench_test
+        return subject in self._home_subjects.get(type(event), ())
 
     async def on_event(self, event: Any, ctx: StageContext) -> list[Outgoing]:
         rid = event.request_id

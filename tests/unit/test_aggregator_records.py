@@ -395,3 +395,27 @@ async def test_a_record_says_it_is_open_until_its_verdict_and_report_are_out() -
     aggregator._records.clear()
     record, _ = await aggregator.get("r1")
     assert record is not None and record.revision == 3
+
+
+def test_an_event_is_believed_only_on_its_own_subjects() -> None:
+    """A forged event on another stage's subject is not believed: a JudgeResult on data.completed
+    is no verdict, and a test split's result counts only on the test subject (and vice versa)."""
+    from shared.subjects import Subjects
+
+    s = Subjects()
+    aggregator = agg.Aggregator(SimpleNamespace(subjects=s))  # type: ignore[arg-type]
+
+    def bench(split: str) -> BenchResult:
+        return BenchResult(request_id="r1", ok=True, split=split, context=CONTEXT, data=DataSummary(),  # type: ignore[arg-type]
+                           train=TrainSummary())
+
+    assert aggregator._belongs(judge_result(), s.judge_completed)
+    assert not aggregator._belongs(judge_result(), s.data_completed)
+    assert aggregator._belongs(bench("test"), s.bench_test)
+    assert not aggregator._belongs(bench("test"), s.bench_completed)
+    assert aggregator._belongs(bench("validation"), s.bench_completed)
+    assert aggregator._belongs(bench("validation"), s.bench_failed)
+    assert not aggregator._belongs(bench("validation"), s.bench_test)
+    assert aggregator._belongs(CancelRequested(request_id="r1", reason="x"), s.cancel)
+    assert not aggregator._belongs(CancelRequested(request_id="r1", reason="x"), s.eval_requested)
+    assert not aggregator._belongs(RequestRecord(request_id="r1"), s.judge_completed)  # not an event it reads
