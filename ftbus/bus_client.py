@@ -96,7 +96,7 @@ class FtbusClient:
     async def _submit(self, workspace: Path, task: TaskSpec, timeouts: Timeouts | None, rid: str) -> str:
         settings = self.bus.settings
         files = await upload_dir(
-            await self.bus.artifacts(),
+            await self.bus.submitter_artifacts(),
             f"{rid}/workspace",
             workspace,
             max_bytes=settings.max_workspace_bytes,

@@ -160,7 +160,8 @@ class Topology:
         return [f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>"]
 
     def store_read(self, store: str) -> list[str]:
-        """Object get: the metadata (message get) and the chunks (ordered consumer + flow control)."""
+        """Object get: the metadata and an object of one chunk (message get), the chunks of a larger
+        one (ordered consumer + flow control)."""
         stream = self.obj(store)
         return [f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.FC.{stream}.>"]
 
@@ -386,10 +387,13 @@ def users(subjects: Subjects | None = None) -> list[User]:
                  [f"$JS.API.STREAM.MSG.GET.{s.stream_verdicts}", f"$JS.API.CONSUMER.CREATE.{s.stream_verdicts}",
                   f"$JS.FC.{s.stream_verdicts}.>"]),
                 ("`ftbus status`: the public view (no test data)", t.kv_read(s.kv_status)),
-                ("upload the workspace: chunks, metadata (a rollup per name; others' objects it could\n"
-                 "overwrite are caught by the sha256 that every event reference carries), and the\n"
-                 "\"exists already?\" metadata lookup. No purge: an agent cannot wipe the store.",
-                 [f"$O.{artifacts}.C.*", f"$O.{artifacts}.M.*", f"$JS.API.STREAM.MSG.GET.{t.obj(artifacts)}"]),
+                ("upload the workspace: chunks, metadata (a rollup per name; others' objects\n"
+                 "it could overwrite are caught by the sha256 that every event reference\n"
+                 "carries), and the \"exists already?\" metadata lookup, by direct get of a\n"
+                 "metadata subject (a message get names its subject in the body: its grant\n"
+                 "would read every object's chunks). No purge: an agent cannot wipe the store.",
+                 [f"$O.{artifacts}.C.*", f"$O.{artifacts}.M.*",
+                  f"$JS.API.DIRECT.GET.{t.obj(artifacts)}.$O.{artifacts}.M.>"]),
             ],
             deny=[
                 t.deny_test_stream(), *t.deny_reports_and_dlq(),
@@ -546,7 +550,8 @@ HEADER = r"""# ftbus: NATS accounts, users and permissions. Included by nats-ser
 #   $JS.API.STREAM.MSG.GET.<stream>                 one message by sequence or last-by-subject, WITH
 #                                                   its data. nats-py uses it for KV get (ftbus's
 #                                                   buckets are not allow_direct) and for Object
-#                                                   Store metadata. The key is in the request body,
+#                                                   Store metadata; ftbus reads an object of one chunk
+#                                                   with it too. The key is in the request body,
 #                                                   so a grant reads the whole bucket: that is why
 #                                                   each trust domain has buckets of its own.
 #   $JS.API.DIRECT.GET.<stream>[.<subject>]         the same, served by any replica (allow_direct

@@ -145,6 +145,7 @@ class Bus:
         self.subjects = Subjects(settings.subject_prefix)
         self._kv: dict[str, KeyValue] = {}
         self._artifacts: ArtifactStore | None = None
+        self._submitter: ArtifactStore | None = None
         self._private: ArtifactStore | None = None
         self._cache: ArtifactStore | None = None
         # guard(): operations waiting to hear of a permission violation
@@ -347,6 +348,16 @@ class Bus:
             )
         return self._artifacts
 
+    async def submitter_artifacts(self) -> ArtifactStore:
+        """The artifacts store as a submitter uploads a workspace to it: writes, and metadata read
+        by direct get (shared/artifacts.py), the one read the ``agent`` NATS user is granted."""
+        if self._submitter is None:
+            self._submitter = await self._open_store(
+                self.subjects.object_store, "ftbus artifacts: workspaces, data, training outputs, logs",
+                submitter=True,
+            )
+        return self._submitter
+
     async def cache_artifacts(self) -> ArtifactStore:
         if self._cache is None:
             self._cache = await self._open_store(
@@ -363,7 +374,8 @@ class Bus:
             )
         return self._private
 
-    async def _open_store(self, bucket: str, description: str, ttl: float | None = None) -> ArtifactStore:
+    async def _open_store(self, bucket: str, description: str, ttl: float | None = None,
+                          submitter: bool = False) -> ArtifactStore:
         cfg = self.settings
         if cfg.artifact_store == "filesystem":
             if cfg.artifact_dir is None:
@@ -372,6 +384,7 @@ class Bus:
         return await ObjectStoreArtifacts.open(
             self.js, bucket, replicas=cfg.stream_replicas, description=description,
             ttl=ttl or cfg.artifact_max_age_s,  # retention: artifacts
+            submitter=submitter,
         )
 
     async def ensure_consumer(

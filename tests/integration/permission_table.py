@@ -9,6 +9,8 @@ message on the subscription); it raises shared.bus.PermissionDenied when the ser
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from typing import Any
 import nats.errors
 from nats.js import api
 
+from shared.artifacts import ObjectStoreArtifacts
 from shared.bus import Bus
 from shared.events import Stage
 from shared.kv_scan import latest, list_keys
@@ -256,12 +259,40 @@ def obj_get(store: str) -> OpFn:
     return run
 
 
-def obj_put(store: str) -> OpFn:
+def obj_chunk_get(store: str) -> OpFn:
+    """An object's bytes by message get of its chunk (no consumer): the route ftbus reads a
+    one-chunk object by (shared/artifacts.py), and the one any holder of the grant can take."""
+
     async def run(bus: Bus, ctx: Context) -> None:
         obs = await bus.guard(bus.js.object_store(store))
+        info = await bus.guard(obs.get_info(SEED_OBJECT))
+        msg = await bus.guard(bus.js.get_last_msg(f"OBJ_{store}", f"$O.{store}.C.{info.nuid}"))
+        assert msg.data == SEED_BYTES
+
+    return run
+
+
+def obj_meta_direct_get(store: str) -> OpFn:
+    """An object's metadata by direct get of its metadata subject: the agent's "exists already?"
+    lookup before an upload (shared/artifacts.py, _MetadataByDirectGet), its one object read."""
+
+    async def run(bus: Bus, ctx: Context) -> None:
+        encoded = base64.urlsafe_b64encode(SEED_OBJECT.encode()).decode()
+        msg = await bus.guard(bus.js.get_last_msg(f"OBJ_{store}", f"$O.{store}.M.{encoded}", direct=True))
+        assert json.loads(msg.data or b"{}")["name"] == SEED_OBJECT
+
+    return run
+
+
+def obj_put(store: str) -> OpFn:
+    """An upload as ftbus makes one (shared/artifacts.py): the agent, a submitter, looks for an
+    object it replaces by direct get of the metadata subject; the workers by message get."""
+
+    async def run(bus: Bus, ctx: Context) -> None:
+        artifacts = await bus.guard(ObjectStoreArtifacts.open(bus.js, store, submitter=ctx.user == "agent"))
         name = f"perm-probe/{ctx.user}-{secrets.token_hex(3)}.txt"
-        info = await bus.guard(obs.put(name, b"written"))
-        assert info.name == name
+        ref = await bus.guard(artifacts.put_bytes(name, b"written"))
+        assert ref.name == name
 
     return run
 
@@ -367,13 +398,18 @@ def build_table() -> list[Op]:
         add(f"read KV {bucket} (keys)", kv_keys(bucket), keys_who, bucket)
         add(f"write KV {bucket}", kv_put(bucket), put_who, bucket)
     # --- Object Stores
-    for store, read_who, write_who in (
+    # The agent uploads workspaces and looks up their metadata, but reads no object: not by a
+    # consumer, and not by a message get of a chunk (its grant names the metadata subjects alone).
+    for store, read_who, write_who, meta_who in (
         (S.object_store, _users("data", "train", "bench", "judge", "dashboard"), _users("data", "train", "bench",
-                                                                                        "agent")),
-        (S.object_store_cache, _users("data", "bench", "dashboard"), _users("data", "bench")),
-        (S.object_store_private, _users("bench", "dashboard"), _users("bench")),
+                                                                                        "agent"),
+         _users("agent", "dashboard")),
+        (S.object_store_cache, _users("data", "bench", "dashboard"), _users("data", "bench"), _users("dashboard")),
+        (S.object_store_private, _users("bench", "dashboard"), _users("bench"), _users("dashboard")),
     ):
         add(f"read object {store}", obj_get(store), read_who, store)
+        add(f"read object {store} (message get of its chunk)", obj_chunk_get(store), read_who, store)
+        add(f"object metadata {store} (direct get)", obj_meta_direct_get(store), meta_who, store)
         add(f"write object {store}", obj_put(store), write_who, store)
     return ops
 

@@ -412,6 +412,9 @@ async def test_open_survives_losing_the_creation_race_to_another_config(nc: NATS
         def __init__(self) -> None:
             self.looks = 0
 
+        def __getattr__(self, name: str) -> object:  # the rest (reads) is the real context's
+            return getattr(js, name)
+
         async def object_store(self, name: str) -> object:
             self.looks += 1
             if self.looks == 1:
@@ -444,6 +447,39 @@ async def test_a_read_whose_chunks_vanished_fails_instead_of_hanging(nc: NATS, t
         await store.get_to_file(ref, tmp_path / "big")
     assert time.monotonic() - started < 60
     assert not (tmp_path / "big").exists()
+
+
+async def test_small_reads_leave_no_consumer_behind_and_large_ones_still_stream(nc: NATS, tmp_path: Path) -> None:
+    """An object of one chunk (a config, a log) is read with two direct reads; nats-py's get()
+    creates an ordered consumer per read, which the server keeps for minutes (hundreds of them on
+    the stream after a burst of requests). Objects of several chunks still stream through one."""
+    bucket = _bucket()
+    js = nc.jetstream()
+    store = await ObjectStoreArtifacts.open(js, bucket)
+    small = await store.put_bytes("req-9/train.yaml", b"stage: sft\n" * 100)
+    empty = await store.put_bytes("req-9/empty", b"")
+    large_data = os.urandom(300 * 1024)  # three chunks
+    large = await store.put_bytes("req-9/large", large_data)
+    for _ in range(5):
+        assert await store.get_bytes(small) == b"stage: sft\n" * 100
+        await store.get_to_file(small, tmp_path / "train.yaml")
+        assert await store.get_bytes(empty) == b""
+    assert (tmp_path / "train.yaml").read_bytes() == b"stage: sft\n" * 100
+    assert (await js.stream_info(f"OBJ_{bucket}")).state.consumer_count == 0
+    assert await store.get_bytes(large) == large_data
+    await store.get_to_file(large, tmp_path / "large")
+    assert (tmp_path / "large").read_bytes() == large_data
+
+
+async def test_a_small_read_whose_chunk_vanished_fails_with_a_clear_error(nc: NATS) -> None:
+    bucket = _bucket()
+    js = nc.jetstream()
+    store = await ObjectStoreArtifacts.open(js, bucket)
+    ref = await store.put_bytes("req-9/small", b"x" * 1000)
+    info = await (await js.object_store(bucket)).get_info("req-9/small")
+    await js.purge_stream(f"OBJ_{bucket}", subject=f"$O.{bucket}.C.{info.nuid}")
+    with pytest.raises(ArtifactError, match="replaced or deleted while it was read"):
+        await store.get_bytes(ref)
 
 
 async def test_stat_hash_comes_from_the_store_for_objects_written_by_others(nc: NATS) -> None:
