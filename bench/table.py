@@ -54,6 +54,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("sweep_cost", "the aggregator's sweep against a bucket of finished requests"),
     Script("ls_cost", "listing requests (`ftbus ls`) with many on the server"),
     Script("artifact_memory", "a worker's memory while it moves a 1 GB artifact"),
+    Script("artifact_reads", "reading a small artifact: ftbus's store against nats-py's get()"),
     Script("stage_times", "each stage's time, cold and warm"),
     Script("pipeline_vs_direct", "the tiny end to end against the same tools run directly"),
     Script("sandbox_overhead", "what the sandbox costs per run"),
