@@ -243,7 +243,7 @@ class ObjectStoreArtifacts:
     def __init__(self, store: ObjectStore, *, js: JetStreamContext | None = None, bucket: str | None = None,
                  stall_timeout_s: float = 60.0) -> None:
         self._store = store
-        # With both, an object of one chunk is read with two direct reads (_get_small).
+        # With both, an object of one chunk is read with two message gets (_get_small).
         self._js = js
         self._bucket = bucket
         # nats-py's get() waits forever for chunks that were purged under it (a concurrent put of
@@ -317,7 +317,7 @@ class ObjectStoreArtifacts:
 
     async def _get_small(self, name: str) -> bytes | None:
         """The bytes of an object of one chunk (most of what the stages read: a config, a log, a
-        script), with two direct reads: its info, then its chunk. None for any other object.
+        script), with two message gets: its info, then its chunk. None for any other object.
 
         nats-py's get() reads every object through an ordered consumer: one consumer created per
         read, which the server keeps for minutes after it (the judge reading one small config per
