@@ -135,6 +135,10 @@ def _differs(current: Any, wanted: Any) -> bool:
     return current != wanted
 
 
+#: The artifacts store's description (a stream's description is shown by `nats stream info`).
+ARTIFACTS_DESCRIPTION = "ftbus artifacts: workspaces, data, training outputs, logs"
+
+
 class Bus:
     """One NATS connection with JetStream, the subject names and the shared buckets."""
 
@@ -344,7 +348,7 @@ class Bus:
     async def artifacts(self) -> ArtifactStore:
         if self._artifacts is None:
             self._artifacts = await self._open_store(
-                self.subjects.object_store, "ftbus artifacts: workspaces, data, training outputs, logs"
+                self.subjects.object_store, ARTIFACTS_DESCRIPTION
             )
         return self._artifacts
 
@@ -353,7 +357,7 @@ class Bus:
         by direct get (shared/artifacts.py), the one read the ``agent`` NATS user is granted."""
         if self._submitter is None:
             self._submitter = await self._open_store(
-                self.subjects.object_store, "ftbus artifacts: workspaces, data, training outputs, logs",
+                self.subjects.object_store, ARTIFACTS_DESCRIPTION,
                 submitter=True,
             )
         return self._submitter
