@@ -24,14 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.standin_pipeline import emit, stdout_to_stderr  # noqa: E402
-
-
-def _server_cpu_s(pid: int | None) -> float:
-    if not pid:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.standin_pipeline import emit, process_cpu_s, stdout_to_stderr  # noqa: E402
 
 
 async def measure(reads: int, root: Path) -> list[dict[str, object]]:
@@ -61,11 +54,11 @@ async def measure(reads: int, root: Path) -> list[dict[str, object]]:
         ]
         for what, read in ways:
             before = (await bus.js.stream_info("OBJ_bench_reads")).state.consumer_count
-            own, srv, wall = time.process_time(), _server_cpu_s(server.pid), time.perf_counter()
+            own, srv, wall = time.process_time(), process_cpu_s(server.pid), time.perf_counter()
             for _ in range(reads):
                 await read()
             own_ms = (time.process_time() - own) / reads * 1000
-            srv_ms = (_server_cpu_s(server.pid) - srv) / reads * 1000
+            srv_ms = (process_cpu_s(server.pid) - srv) / reads * 1000
             wall_ms = (time.perf_counter() - wall) / reads * 1000
             left = (await bus.js.stream_info("OBJ_bench_reads")).state.consumer_count - before
             rows.append({"measure": f"read of a 1.5 KB artifact, {what}",

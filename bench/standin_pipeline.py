@@ -185,15 +185,13 @@ class Stand:
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU time (user + system) each worker process has used so far, and the server's."""
-        tick = os.sysconf("SC_CLK_TCK")
         pids = dict(zip(self.worker_names, (p.pid for p in self.procs), strict=True))
         if self.server is not None and self.server.pid:
             pids["nats-server"] = self.server.pid
         out = {}
         for name, pid in pids.items():
             with contextlib.suppress(OSError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                out[name] = (int(fields[11]) + int(fields[12])) / tick
+                out[name] = process_cpu_s(pid)
         return out
 
     # ------------------------------------------------------------------ requests
@@ -262,6 +260,14 @@ def workspace(root: Path, *, kind: str = "pass", data_sleep_s: float = 0.0, step
     if kind == "precheck":
         (ws / "train.yaml").unlink()
     return ws
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU time (user + system) process ``pid`` has used so far; 0 without a pid."""
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def median(values: list[float]) -> float:

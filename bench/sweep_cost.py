@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.standin_pipeline import emit, stdout_to_stderr  # noqa: E402
+from bench.standin_pipeline import emit, process_cpu_s, stdout_to_stderr  # noqa: E402
 
 
 def finished_record(rid: str) -> Any:
@@ -54,18 +53,11 @@ def finished_record(rid: str) -> Any:
     return record
 
 
-def _server_cpu_s(pid: int | None) -> float:
-    if not pid:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _cpu_ms(server_pid: int | None, step: Callable[[], Awaitable[object]]) -> tuple[float, float]:
     """(this process's CPU ms, the server's CPU ms) for ``step``."""
-    own, server = time.process_time(), _server_cpu_s(server_pid)
+    own, server = time.process_time(), process_cpu_s(server_pid)
     await step()
-    return (time.process_time() - own) * 1000, (_server_cpu_s(server_pid) - server) * 1000
+    return (time.process_time() - own) * 1000, (process_cpu_s(server_pid) - server) * 1000
 
 
 async def measure(finished: int, open_count: int, root: Path) -> list[dict[str, object]]:

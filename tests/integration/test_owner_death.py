@@ -3,7 +3,6 @@ running, and `ftbus up` started again on the same home resumes the request that 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -17,7 +16,7 @@ from ftbus.embedded import PID_FILE, EmbeddedServer, reap_stale_server, start_ti
 from shared.events import TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, wait_for_file, write_workspace
-from tests.integration.test_delivery import alive, read_pids
+from tests.integration.test_delivery import alive, poll, read_pids
 
 TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
 FTBUS = [sys.executable, "-m", "ftbus.cli"]
@@ -66,16 +65,6 @@ def _undertakers_of(owner: int) -> list[int]:
     return found
 
 
-async def _wait_train_started(client: FtbusClient, request_id: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        view = await client.status(request_id)
-        if view is not None and "train" in view.stages and view.stages["train"].attempts >= 1:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the train stage's start never reached the status view of {request_id}")
-
-
 def _wait_dead(pids: dict[str, int], timeout_s: float = 30.0) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -106,7 +95,11 @@ async def test_kill_9_of_ftbus_up_leaves_nothing_running_and_a_restart_resumes(
             # up to 0.25 s late (with its result, when that comes first), and what it has not written
             # dies with it. (The server itself may lose its last moments' consumer state to kill -9:
             # the redelivery can then come as a first delivery, "attempt 1".)
-            await _wait_train_started(client, rid)
+            async def train_started() -> bool:
+                view = await client.status(rid)
+                return view is not None and "train" in view.stages and view.stages["train"].attempts >= 1
+
+            await poll(train_started, "the train stage's start in the status view", timeout_s=60)
         finally:
             await client.close()
         pids = read_pids(pid_file)
