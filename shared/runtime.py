@@ -5,8 +5,8 @@ the load). For each message:
 
 - undecodable or invalid  -> a DeadLetter on ``ftbus.dlq`` (with the request id when readable), term();
 - cancelled request       -> ack, nothing published (a cancel this worker heard is skipped at once;
-                             one only the status record knows, which is read while the handler
-                             starts, stops the handler as a cancel mid-run does);
+                             one only the status record knows, which is read once the handler
+                             has run a second, stops the handler as a cancel mid-run does);
 - already done (redelivery after a crash between store and ack) -> republish the stored result, ack
                              (looked up on redeliveries and on old messages: a fresh first delivery
                              has nothing stored);
@@ -53,11 +53,17 @@ log = get_logger("ftbus.runtime")
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One event a handler wants published. ``kind`` completes its de-duplication id."""
+    """One event a handler wants published. ``kind`` completes its de-duplication id.
+
+    ``stored``: False when the handler works this event out again from its message alone, at once
+    and the same way (a pre-check's refusal, a judgement by the rules): a redelivery then runs the
+    handler again rather than reading a stored copy, and the hop saves the store's write. Anything
+    that ran candidate code, trained, or asked an LLM is stored (IdempotencyStore)."""
 
     subject: str
     event: BaseModel
     kind: str
+    stored: bool = True
 
     @functools.cached_property
     def payload(self) -> bytes:
@@ -155,7 +161,8 @@ class Policy:
         """The handler has just started (this runs beside it, in the heartbeat's first turn)."""
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
-        """As the handler starts (beside it, not before it), then at every heartbeat while it runs."""
+        """Once the handler has run for ``StageWorker.FIRST_LOOK_S`` (beside it, not before it), then
+        at every heartbeat while it runs. A handler that ends sooner gets no beat at all."""
 
     async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
         """The handler returned; its events are about to be published."""
@@ -202,6 +209,8 @@ class IdempotencyStore(Policy):
         return True
 
     async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        if outgoing and not any(out.stored for out in outgoing):
+            return  # worked out again from the message, the same way, if it comes back (Outgoing)
         # One turn of the event loop first: the events, published just before, reach the socket
         # ahead of this write (the next stage waits for them, nobody waits for this).
         await asyncio.sleep(0)
@@ -213,9 +222,12 @@ class IdempotencyStore(Policy):
 class SkipCancelled(Policy):
     """A cancelled request is skipped, and its running work killed: on the cancel event (core
     NATS), and, since a worker cut off from the server misses that, on the status record. The
-    record is read as the handler starts, beside it rather than before it (one round trip less
-    on every hop), and at every heartbeat: found cancelled, the handler is stopped as by a cancel
-    event, so nothing is published."""
+    record is read once the handler has run for ``StageWorker.FIRST_LOOK_S``, beside it rather than
+    before it, and at every heartbeat: found cancelled, the handler is stopped as by a cancel
+    event, so nothing is published. A handler over sooner (a pre-check, a rule judgement) reads
+    nothing: its result, if the request was cancelled meanwhile, reaches a record whose verdict is
+    already claimed, and the next stage makes its own look (bench/precheck_burst.py: one round
+    trip less per stage and request)."""
 
     #: Cancels heard on the core subject that this worker remembers (the status record says it too).
     MEMORY = 1024
@@ -312,6 +324,10 @@ class StageWorker:
     ``policies`` say what happens around the handler (default: :func:`stage_policies`);
     ``dead_letter`` says which unreadable messages this consumer dead-letters (default: all).
     """
+
+    #: How long a handler runs before the policies' first look (``Policy.beat``): the look is a
+    #: round trip, and most light handlers are over sooner.
+    FIRST_LOOK_S = 1.0
 
     def __init__(
         self,
@@ -417,9 +433,12 @@ class StageWorker:
         finally:
             # Once the results are out and the message acked, off the event loop, and without
             # holding up this loop's next message (a training's outputs take a while to delete).
-            task = asyncio.create_task(asyncio.to_thread(_cleanup, workdir))
-            self._cleanups.add(task)
-            task.add_done_callback(self._cleanups.discard)
+            # Handlers make the folder only when they need one: the light messages (the
+            # aggregator's events, a pre-check, a judgement) leave none and cost no thread.
+            if workdir.exists():
+                task = asyncio.create_task(asyncio.to_thread(_cleanup, workdir))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
 
     async def _handle_in(self, workdir: Path, msg: Msg, event: Any, deliveries: int, slot: Slot | None) -> None:
         request_id: str = event.request_id
@@ -429,8 +448,8 @@ class StageWorker:
             slot=slot,
         )
         self._note("stage started", delivery=deliveries, subject=msg.subject)
-        # The handler's task first, so that it starts before the policies announce it and take
-        # their first look (the heartbeat's first turn, always before the handler's end is seen).
+        # The handler's task first, so that it starts before the policies announce it (the
+        # heartbeat's first turn, always before the handler's end is seen).
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
         beating = asyncio.Event()
@@ -502,8 +521,9 @@ class StageWorker:
         return float(steps[min(deliveries - 1, len(steps) - 1)])
 
     async def _heartbeat(self, msg: Msg, ctx: StageContext, beating: asyncio.Event) -> None:
-        """Announce the start (``Policy.started``) and beat at once (the policies' first look), both
-        beside the handler's start rather than before it, then beat every ``heartbeat_s``, until
+        """Announce the start (``Policy.started``) beside the handler's start rather than before it,
+        beat once the handler has run for FIRST_LOOK_S (the policies' first look), then every
+        ``heartbeat_s``, until
         ``beating`` is cleared. The first turn runs before the handler's end can be seen (its task
         was created first), so "started" goes out before the stage's results (nats-py queues a publish
         without waiting unless its outgoing buffer is full).
@@ -520,6 +540,7 @@ class StageWorker:
                 await policy.started(ctx)
         except Exception as exc:  # progress is best effort: the stage runs on
             log.warning("announcing the start failed", error=str(exc))
+        await asyncio.sleep(min(interval, self.FIRST_LOOK_S))
         first = True
         while beating.is_set():
             try:

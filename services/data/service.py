@@ -47,7 +47,7 @@ STATS_FILE = "data_stats.json"
 
 
 def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: str,
-            summary: DataSummary | None = None) -> list[Outgoing]:
+            summary: DataSummary | None = None, *, stored: bool = True) -> list[Outgoing]:
     log.info("data stage failed", failed_stage=stage.value, error=error)
     result = DataResult(
         request_id=event.request_id,
@@ -57,7 +57,7 @@ def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: 
         failed_stage=stage,
         error=error,
     )
-    return [Outgoing(ctx.subjects.data_failed, result, "failed")]
+    return [Outgoing(ctx.subjects.data_failed, result, "failed", stored=stored)]
 
 
 async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
@@ -70,7 +70,9 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         max_config_bytes=settings.max_train_yaml_bytes,
     )
     if problem:
-        return _failed(event, ctx, FailedStage.precheck, problem)
+        # Decided from the request and the assets alone, in microseconds: a redelivery decides it
+        # again rather than reading a stored copy (no store write on this hop).
+        return _failed(event, ctx, FailedStage.precheck, problem, stored=False)
 
     workspace = ctx.workdir / "workspace"
     await materialise(ctx.artifacts, context.workspace, workspace)

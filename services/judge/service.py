@@ -11,9 +11,10 @@ from __future__ import annotations
 from services.judge.decide import judge
 from services.judge.facts import LogStage, stage_runs
 from shared.artifacts import ArtifactError
-from shared.events import ArtifactRef, BenchResult, DataResult, Stage, TrainResult
+from shared.events import ArtifactRef, BenchResult, DataResult, FailedStage, JudgeResult, Stage, TrainResult
 from shared.logs import get_logger
 from shared.runtime import Outgoing, StageContext
+from shared.settings import Settings
 from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.judge")
@@ -26,13 +27,16 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
     logs = await stage_logs(event, ctx)
     result = await judge(event, train_yaml, logs, ctx.settings)
     result = result.model_copy(update={"sandbox": sandboxes_of(event), "llm_usage": event.data.llm_usage})
-    log.info(
-        "judged",
-        final_decision=result.feedback.final_decision,
-        judge=result.judge.kind,
-        rules_decision=result.judge.rules_decision,
-    )
-    return [Outgoing(ctx.subjects.judge_completed, result, "completed")]
+    # decide.judge logged the decision ("judge_decided").
+    return [Outgoing(ctx.subjects.judge_completed, result, "completed", stored=not rules_alone(result, ctx.settings))]
+
+
+def rules_alone(result: JudgeResult, settings: Settings) -> bool:
+    """Whether judging this event again would give the same result, at once: the rules decided, and
+    no LLM would be asked (none is configured, or the pre-check failed, which no LLM judges). Such
+    a result is not stored for redeliveries (``Outgoing.stored``); an LLM's answer is, so that a
+    redelivery neither pays for a second call nor gets a second opinion."""
+    return result.judge.kind == "rules" and (not settings.judge_model or result.failed_stage == FailedStage.precheck)
 
 
 def sandboxes_of(event: DataResult | TrainResult | BenchResult) -> str | None:

@@ -1,5 +1,6 @@
 """What the stage runtime (shared/runtime.py) does around a handler, on a real nats-server: the
-stored result on a redelivery, a cancel that only the status record knows, and a heartbeat that
+stored result on a redelivery (and none for a result worked out again), a cancel that only the
+status record knows, the first look only once a handler has run a while, and a heartbeat that
 ends even when a beat takes its cancel for a result."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import msgpack
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from shared import codec
 from shared.bus import Bus
@@ -67,19 +69,20 @@ def stage_policies() -> tuple[Policy, ...]:
     return (SkipCancelled(), IdempotencyStore(), AnnounceProgress())
 
 
+class CrashOnceAfterTheStore(Policy):
+    """The worker 'dies' once, after its result was stored (if it is) and published but before its ack."""
+
+    crashed = False
+
+    async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        if not self.crashed:
+            self.crashed = True
+            await asyncio.sleep(0.5)  # the store beside it has landed by now
+            raise RuntimeError("lost between the store and the ack")
+
+
 async def test_a_redelivery_after_a_crash_between_store_and_ack_republishes_without_running_again(bus: Bus) -> None:
     runs: list[str] = []
-
-    class CrashOnceAfterTheStore(Policy):
-        """The worker 'dies' after its result was stored and published but before its ack."""
-
-        crashed = False
-
-        async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-            if not self.crashed:
-                self.crashed = True
-                await asyncio.sleep(0.5)  # the store beside it has landed by now
-                raise RuntimeError("lost between the store and the ack")
 
     async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
         runs.append(event.request_id)
@@ -246,3 +249,58 @@ async def test_a_stage_announces_its_start_before_its_result_and_stores_the_byte
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_result_not_stored_is_worked_out_again_on_a_redelivery(bus: Bus) -> None:
+    """``Outgoing(stored=False)`` (a pre-check's refusal, a rule judgement): no store write on the
+    hop, and a redelivery runs the handler again; the published copy is still one (its id)."""
+    runs: list[str] = []
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        runs.append(event.request_id)
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed", stored=False)]
+
+    stage = TrainStage(bus, handle, (*stage_policies(), CrashOnceAfterTheStore()))
+    try:
+        await send(bus, "unstored-1")
+        await poll(lambda: acked(bus), "the redelivered message acknowledged", timeout_s=60)
+    finally:
+        await stage.close()
+    assert runs == ["unstored-1", "unstored-1"], "the redelivery did not run the handler again"
+    assert await published(bus, bus.subjects.train_completed) == 1
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    with pytest.raises(KeyNotFoundError):
+        await kv.get("unstored-1.train")
+
+
+async def test_the_first_look_comes_only_once_a_handler_has_run_a_while(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policies' first look (SkipCancelled reads the status record) is a round trip: a handler
+    over within FIRST_LOOK_S gets none, one that runs longer gets it after FIRST_LOOK_S."""
+    monkeypatch.setattr(StageWorker, "FIRST_LOOK_S", 0.5)
+    looks: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
+    began: dict[str, float] = {}
+
+    class Looks(Policy):
+        async def beat(self, worker: StageWorker, request_id: str) -> None:
+            looks.setdefault(request_id, loop.time())
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        began[event.request_id] = loop.time()
+        if event.request_id == "slow-1":
+            await asyncio.sleep(1.5)
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+
+    stage = TrainStage(bus, handle, (*stage_policies(), Looks()))
+    try:
+        await send(bus, "quick-1")
+        await poll(lambda: acked(bus), "the quick message acknowledged", timeout_s=60)
+        await send(bus, "slow-1")
+        await poll(lambda: acked(bus), "the slow message acknowledged", timeout_s=60)
+    finally:
+        await stage.close()
+    assert "quick-1" not in looks, "a handler over at once still cost a look"
+    assert "slow-1" in looks, "a handler that ran 1.5 s was never looked at"
+    assert looks["slow-1"] - began["slow-1"] >= 0.45

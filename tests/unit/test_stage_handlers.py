@@ -64,6 +64,7 @@ async def test_data_precheck_failure_runs_nothing(settings: Settings, tmp_path: 
     [out] = await data.handle(event, ctx)
     assert out.subject == ctx.subjects.data_failed and out.event.failed_stage == "precheck"
     assert "train.yaml" in (out.event.error or "") and runner.calls == []
+    assert out.stored is False  # decided again from the request on a redelivery: no store write
 
 
 async def test_data_success_is_sandboxed_described_and_cached(settings: Settings, tmp_path: Path) -> None:
@@ -75,6 +76,7 @@ async def test_data_success_is_sandboxed_described_and_cached(settings: Settings
     assert out.subject == ctx.subjects.data_completed, out.event.error
     summary = out.event.data
     assert summary.data_stats.total_samples == 60 and summary.cached is False
+    assert out.stored  # the candidate's script ran: a redelivery republishes this, it runs nothing
     assert summary.outcome.sandbox == "docker:fake"
     [call] = runner.calls
     assert call.argv == ["python", "process_data.py"]
