@@ -368,6 +368,7 @@ class Aggregator:
         queued = self._queued.setdefault(request_id, [])
         progress = self._progress_owed.pop(request_id, None)
         if progress:
+            self._progress_later.forget(request_id)  # written here: its timer has nothing left to do
             # The progress that came before this event goes first, in the same write. Nobody
             # waits for it: its future is already done.
             settled: asyncio.Future[RequestRecord | None] = loop.create_future()
@@ -424,7 +425,8 @@ class Aggregator:
         records."""
         rid, view = record.request_id, record.public_view_json()
         if record.terminal or record.cancel_requested:
-            self._status_owed.pop(rid, None)  # a lingering one is older: never written after this
+            if self._status_owed.pop(rid, None) is not None:  # a lingering one is older: never written after this
+                self._status_later.forget(rid)
             await _after_a_turn()
             await self._put_status(rid, view, record.revision)
             return
@@ -674,6 +676,14 @@ class _Lingering:
             self._waiting[key] = task
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def forget(self, key: str) -> None:
+        """What was owed for ``key`` was written another way: its timer is stopped, rather than left
+        to wake for nothing (a pre-check failure's request owed two progress updates and a view,
+        each written with its next event: three wake-ups a request, a burst's worth of tasks)."""
+        task = self._waiting.pop(key, None)
+        if task is not None:
+            task.cancel()
 
     async def _later(self, key: str) -> None:
         await asyncio.sleep(self._delay_s())

@@ -315,6 +315,7 @@ async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatc
     failed = DataResult(request_id="r1", ok=False, context=CONTEXT, data=DataSummary(), error="no train.yaml")
     await aggregator.on_event(failed, SimpleNamespace(subject=bus.subjects.data_failed))  # type: ignore[arg-type]
     assert writes() == 2, "the start and the result: one write"
+    assert "r1" not in aggregator._progress_later._waiting, "the start's timer is left to wake for nothing"
     record = RequestRecord.model_validate_json(kv.data["r1"][0])
     data = record.stages["data"]
     assert data.attempts == 1 and data.started_at is not None and data.finished_at is not None
@@ -328,10 +329,13 @@ async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatc
     await asyncio.sleep(0.2)
     assert writes() == 3 and RequestRecord.model_validate_json(kv.data["r1"][0]).stages["judge"].attempts == 1
 
+    await aggregator.update("r1", lambda record: None)  # a change under way: its view lingers
+    assert "r1" in aggregator._status_later._waiting
     await aggregator.on_event(CancelRequested(request_id="r1"),
                               SimpleNamespace(subject=bus.subjects.cancel))  # type: ignore[arg-type]
     last = bus.status.puts[-1][1]
     assert last.status == "cancelled" and last.cancel_requested, "a cancel's view is written at once"
+    assert "r1" not in aggregator._status_later._waiting, "the superseded view's timer is left to wake"
     assert bus.published == [bus.subjects.verdict("r1"), bus.subjects.report("r1")]
     await asyncio.sleep(0.2)
     assert bus.status.puts[-1][1].status == "cancelled", "no older view written after the final one"
