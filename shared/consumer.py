@@ -1,17 +1,22 @@
-"""One pull-consumer loop: every worker of ftbus fetches its messages here.
+"""The pull consumer: every worker of ftbus fetches its messages here.
 
 Stage workers (``shared/runtime.py``) and the aggregator's advisory reader both run
-:func:`consume`: ``concurrency`` loops bound to one durable consumer, each fetching one message at a
-time and handing it to ``on_message``. An empty fetch is normal; a lost connection or a failed
-fetch waits a second and tries again. On ``stop`` the loops are cancelled: a message whose
-handling was cancelled is the handler's to nak (so another worker takes it over at once).
+:func:`consume` on one durable consumer, handing each message to ``on_message``, up to
+``concurrency`` at a time. An empty fetch is normal; a lost connection or a failed fetch waits a
+second and tries again. On ``stop`` the handlers are cancelled: a message whose handling was
+cancelled is the handler's to nak (so another worker takes it over at once).
 
-``device_slots``: a loop takes one of these before it fetches, and gives it back when its
-message says the device work is over (:meth:`Slot.release`, e.g. once the training process has
-exited) or when the message is done. A GPU stage runs two loops per slot: the next message is
-fetched as soon as the GPU is free, while the last one still uploads its outputs, and never
-while the GPU is busy (a message fetched then would wait here for a whole training while
-another worker could be idle).
+Without device slots (the light stages, the aggregator), one fetch asks for as many messages as
+there are free handlers, and gets those waiting at once (at least one: it waits for the first).
+A burst so costs a pull request per batch, not per message, and an idle worker keeps one pull
+waiting at the server, renewed every 2 s, not one per handler (bench/precheck_burst.py).
+
+``device_slots``: ``concurrency`` loops, each fetching one message at a time; a loop takes a slot
+before it fetches, and gives it back when its message says the device work is over
+(:meth:`Slot.release`, e.g. once the training process has exited) or when the message is done. A
+GPU stage runs two loops per slot: the next message is fetched as soon as the GPU is free, while
+the last one still uploads its outputs, and never while the GPU is busy (a message fetched then
+would wait here for a whole training while another worker could be idle).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from shared.retry import retry_transient
 from shared.tasks import cancel_until_done
 
 log = get_logger("ftbus.consumer")
+
+#: How long a fetch waits for a first message before it asks again (an idle worker's pull renewal).
+FETCH_WAIT_S = 2.0
 
 
 class Slot:
@@ -63,9 +71,12 @@ async def consume(
     ``device_slots``, a loop fetches only while it holds one of them."""
     # A cluster electing leaders answers slowly for a few seconds: no reason for a worker to exit.
     await retry_transient(lambda: bus.ensure_consumer(stream, durable, list(filters)), durable)
-    gate = asyncio.Semaphore(device_slots) if device_slots else None
-    loops = [asyncio.create_task(_loop(bus, stream, durable, on_message, stop, what, gate))
-             for _ in range(concurrency)]
+    if device_slots:
+        gate = asyncio.Semaphore(device_slots)
+        loops = [asyncio.create_task(_loop(bus, stream, durable, on_message, stop, what, gate))
+                 for _ in range(concurrency)]
+    else:
+        loops = [asyncio.create_task(_batches(bus, stream, durable, on_message, stop, what, concurrency))]
     stopping = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -94,24 +105,65 @@ async def _loop(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop
             await psub.unsubscribe()
 
 
-async def _fetch_and_handle(psub: Any, slot: Slot, on_message: OnMessage, durable: str, what: str) -> None:
+async def _batches(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop: asyncio.Event, what: str,
+                   concurrency: int) -> None:
+    """One fetch at a time, for as many messages as there are free handlers; a task per message."""
+    psub = await bus.js.pull_subscribe_bind(durable, stream)
+    free = asyncio.Semaphore(concurrency)
+    handling: set[asyncio.Task[None]] = set()
+
+    def done(task: asyncio.Task[None]) -> None:
+        handling.discard(task)
+        free.release()
+
     try:
-        msgs = await psub.fetch(1, timeout=2)
+        while not stop.is_set():
+            await free.acquire()
+            wanted = 1
+            while not free.locked():  # every other free handler too, without waiting
+                await free.acquire()
+                wanted += 1
+            msgs = await _fetch(psub, wanted, durable, what)
+            for _ in range(wanted - len(msgs)):
+                free.release()
+            for msg in msgs:
+                task = asyncio.create_task(_handle(msg, Slot(None), on_message, durable, what))
+                handling.add(task)
+                task.add_done_callback(done)
+    finally:
+        await cancel_until_done(list(handling))
+        with contextlib.suppress(Exception):
+            await psub.unsubscribe()
+
+
+async def _fetch(psub: Any, batch: int, durable: str, what: str) -> list[Msg]:
+    """Up to ``batch`` messages: those waiting now, or the first to come within FETCH_WAIT_S (else none).
+    nats-py's fetch asks the server for what is there without lingering once one has come, so a
+    batch never waits to be full (bench/precheck_burst.py; tests/integration/test_consumer.py)."""
+    try:
+        return list(await psub.fetch(batch, timeout=FETCH_WAIT_S))
     except nats.errors.TimeoutError:
-        return  # nothing to do: normal control flow
+        return []  # nothing to do: normal control flow
     except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
         await asyncio.sleep(1)
-        return
+        return []
     except Exception as exc:
         log.warning("fetch failed", consumer=durable, stage=what, error=str(exc))
         await asyncio.sleep(1)
-        return
-    for msg in msgs:
-        try:
-            await on_message(msg, slot)
-        except Exception:
-            # A bus error before or after the handler (a KV read while a node fails over):
-            # the message comes back after a pause, and the worker stays up.
-            log.exception("message not processed, it will be redelivered", consumer=durable, stage=what)
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=2)
+        return []
+
+
+async def _fetch_and_handle(psub: Any, slot: Slot, on_message: OnMessage, durable: str, what: str) -> None:
+    for msg in await _fetch(psub, 1, durable, what):
+        await _handle(msg, slot, on_message, durable, what)
+
+
+async def _handle(msg: Msg, slot: Slot, on_message: OnMessage, durable: str, what: str) -> None:
+    try:
+        await on_message(msg, slot)
+    except Exception:
+        # A bus error before or after the handler (a KV read while a node fails over):
+        # the message comes back after a pause, and the worker stays up.
+        log.exception("message not processed, it will be redelivered", consumer=durable, stage=what)
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=2)

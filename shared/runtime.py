@@ -351,9 +351,10 @@ class StageWorker:
         self.handler = handler
         self.expected = expected
         self.concurrency = max(1, concurrency)
-        #: None: each loop takes its next message when its last one is done. A number: the loops
-        #: share this many device slots (``concurrency`` loops, more than slots, so that a message
-        #: finishing after its device work overlaps the next one's: shared/consumer.py).
+        #: None: up to ``concurrency`` messages at once, fetched for every free handler together. A
+        #: number: ``concurrency`` loops, each fetching one message at a time, share this many device
+        #: slots (more loops than slots, so that a message finishing after its device work overlaps
+        #: the next one's: shared/consumer.py).
         self.device_slots = device_slots
         settings = bus.settings
         toolchain = settings.toolchain_path()

@@ -133,9 +133,9 @@ class Aggregator:
         durable = s.durable(Stage.aggregate)
         # Three consumers, one handler, no stage policies: the aggregator must see cancelled
         # requests, and it stores and announces nothing. (stream, durable, filters, accepts, rule,
-        # concurrency). Each fetch loop keeps a pull request waiting at the server, renewed every
-        # 2 s while idle: the loops follow each stream's traffic, about five events a request, one
-        # test-split result, and a dead letter now and then.
+        # concurrency). Each consumer's concurrency follows its stream's traffic: about five
+        # events a request, one test-split result, and a dead letter now and then (an idle one
+        # keeps one pull request waiting at the server, whatever its concurrency).
         consumers = [
             (s.stream_events, durable, s.event_stream_subjects(), ACCEPTS, self._dead_letters_here,
              self.concurrency),

@@ -1,0 +1,106 @@
+"""shared/consumer.py on a real nats-server: a burst is fetched in batches as large as the free
+handlers, never more at once than the concurrency, and a batch never waits to be full."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared import consumer
+from shared.bus import Bus
+from shared.consumer import Slot, consume
+from tests.integration.test_delivery import poll
+
+
+class CountedFetches:
+    """Wraps every pull subscription the consumer binds: what each fetch asked for and got."""
+
+    def __init__(self, bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fetches: list[tuple[int, int]] = []  # (asked, got)
+        bind = bus.js.pull_subscribe_bind
+
+        async def counted_bind(*args: Any, **kwargs: Any) -> Any:
+            psub = await bind(*args, **kwargs)
+            fetch = psub.fetch
+
+            async def counted_fetch(batch: int = 1, *args: Any, **kw: Any) -> Any:
+                msgs = await fetch(batch, *args, **kw)
+                self.fetches.append((batch, len(msgs)))
+                return msgs
+
+            psub.fetch = counted_fetch
+            return psub
+
+        monkeypatch.setattr(bus.js, "pull_subscribe_bind", counted_bind)
+
+
+async def _publish(bus: Bus, subject: str, n: int) -> None:
+    await asyncio.gather(*(bus.js.publish(subject, f"m{i}".encode()) for i in range(n)))
+
+
+async def test_a_burst_is_fetched_in_batches_and_handled_at_most_concurrency_at_once(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = bus.subjects
+    counted = CountedFetches(bus, monkeypatch)
+    running, peak, handled = 0, 0, []
+    release = asyncio.Event()
+
+    async def on_message(msg: Any, slot: Slot) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()  # every handler holds its message until the burst is in
+        running -= 1
+        handled.append(msg.data)
+        await msg.ack()
+
+    await _publish(bus, s.eval_requested, 40)  # waiting before the consumer starts: one burst
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume(bus, s.stream_events, "consumer-test", [s.eval_requested], on_message,
+                                       stop, concurrency=8, what="test"))
+    try:
+        await poll(lambda: _true(running == 8), "eight handlers busy", timeout_s=60)
+        await asyncio.sleep(0.5)  # a ninth would have been fetched by now
+        assert running == 8 and peak == 8, "more messages taken than there are free handlers"
+        release.set()
+        await poll(lambda: _true(len(handled) == 40), "the burst handled", timeout_s=60)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    assert sorted(handled) == sorted(f"m{i}".encode() for i in range(40))
+    got = [n for _, n in counted.fetches if n]
+    assert got[0] == 8, "the first fetch asked for one message, not for every free handler"
+    assert len(got) < 40, f"a fetch per message: {counted.fetches}"
+    assert all(n <= asked for asked, n in counted.fetches)
+
+
+async def test_a_batch_does_not_wait_to_be_full(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle consumer with 8 free handlers gets one message as soon as it comes, not when its
+    fetch of 8 expires (made 60 s here, so that waiting for it could not pass)."""
+    monkeypatch.setattr(consumer, "FETCH_WAIT_S", 60.0)
+    s = bus.subjects
+    counted = CountedFetches(bus, monkeypatch)
+    handled: list[bytes] = []
+
+    async def on_message(msg: Any, slot: Slot) -> None:
+        handled.append(msg.data)
+        await msg.ack()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume(bus, s.stream_events, "consumer-idle", [s.eval_requested], on_message,
+                                       stop, concurrency=8, what="test"))
+    try:
+        await asyncio.sleep(1)  # the consumer's fetch is waiting at the server
+        await _publish(bus, s.eval_requested, 1)
+        await poll(lambda: _true(handled == [b"m0"]), "the one message handled", timeout_s=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    assert counted.fetches[0] == (8, 1)
+
+
+async def _true(value: bool) -> bool:
+    return value
