@@ -6,10 +6,13 @@ Stage workers (``shared/runtime.py``) and the aggregator's advisory reader both 
 second and tries again. On ``stop`` the handlers are cancelled: a message whose handling was
 cancelled is the handler's to nak (so another worker takes it over at once).
 
-Without device slots (the light stages, the aggregator), one fetch asks for as many messages as
-there are free handlers, and gets those waiting at once (at least one: it waits for the first).
-A burst so costs a pull request per batch, not per message, and an idle worker keeps one pull
-waiting at the server, renewed every 2 s, not one per handler (bench/precheck_burst.py).
+Without device slots (the light stages, the aggregator), one fetch at a time serves every free
+handler. It asks for one message while none is known to be waiting (it gets it the moment it
+comes), and for as many as are waiting behind the last one it got (each message says how many),
+up to the free handlers, once a backlog builds (a burst): a pull request per batch, not per
+message. An idle worker keeps one pull waiting at the server, renewed every 2 s, not one per
+handler (bench/precheck_burst.py). Asking for a batch while none waits would cost each message
+a wait for the server's end-of-batch status (0.2-0.4 ms a hop: bench/overhead.py).
 
 ``device_slots``: ``concurrency`` loops, each fetching one message at a time; a loop takes a slot
 before it fetches, and gives it back when its message says the device work is over
@@ -107,10 +110,12 @@ async def _loop(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop
 
 async def _batches(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop: asyncio.Event, what: str,
                    concurrency: int) -> None:
-    """One fetch at a time, for as many messages as there are free handlers; a task per message."""
+    """One fetch at a time, for one message, or for the backlog up to the free handlers; a task per
+    message."""
     psub = await bus.js.pull_subscribe_bind(durable, stream)
     free = asyncio.Semaphore(concurrency)
     handling: set[asyncio.Task[None]] = set()
+    waiting = 0  # messages the server said were waiting behind the last one fetched
 
     def done(task: asyncio.Task[None]) -> None:
         handling.discard(task)
@@ -120,10 +125,11 @@ async def _batches(bus: Bus, stream: str, durable: str, on_message: OnMessage, s
         while not stop.is_set():
             await free.acquire()
             wanted = 1
-            while not free.locked():  # every other free handler too, without waiting
+            while wanted < waiting and not free.locked():  # more free handlers, without waiting
                 await free.acquire()
                 wanted += 1
             msgs = await _fetch(psub, wanted, durable, what)
+            waiting = _waiting_behind(msgs[-1]) if msgs else 0
             for _ in range(wanted - len(msgs)):
                 free.release()
             for msg in msgs:
@@ -134,6 +140,14 @@ async def _batches(bus: Bus, stream: str, durable: str, on_message: OnMessage, s
         await cancel_until_done(list(handling))
         with contextlib.suppress(Exception):
             await psub.unsubscribe()
+
+
+def _waiting_behind(msg: Msg) -> int:
+    """How many messages the consumer still had waiting when the server sent ``msg``."""
+    try:
+        return int(msg.metadata.num_pending)
+    except Exception:  # not a JetStream delivery: no count to go by
+        return 0
 
 
 async def _fetch(psub: Any, batch: int, durable: str, what: str) -> list[Msg]:

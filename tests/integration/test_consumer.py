@@ -1,5 +1,6 @@
 """shared/consumer.py on a real nats-server: a burst is fetched in batches as large as the free
-handlers, never more at once than the concurrency, and a batch never waits to be full."""
+handlers, never more at once than the concurrency; an idle consumer asks for one message and
+gets it the moment it comes."""
 
 from __future__ import annotations
 
@@ -72,14 +73,16 @@ async def test_a_burst_is_fetched_in_batches_and_handled_at_most_concurrency_at_
         await asyncio.wait_for(task, timeout=30)
     assert sorted(handled) == sorted(f"m{i}".encode() for i in range(40))
     got = [n for _, n in counted.fetches if n]
-    assert got[0] == 8, "the first fetch asked for one message, not for every free handler"
+    assert counted.fetches[0] == (1, 1), "nothing was known to be waiting: one message first"
+    assert got[1] == 7, "the backlog behind the first message was not fetched for every free handler"
     assert len(got) < 40, f"a fetch per message: {counted.fetches}"
     assert all(n <= asked for asked, n in counted.fetches)
 
 
-async def test_a_batch_does_not_wait_to_be_full(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An idle consumer with 8 free handlers gets one message as soon as it comes, not when its
-    fetch of 8 expires (made 60 s here, so that waiting for it could not pass)."""
+async def test_an_idle_consumer_gets_a_message_the_moment_it_comes(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle consumer with 8 free handlers asks for one message (nothing is known to be waiting)
+    and gets it as soon as it comes, not when its fetch expires (made 60 s here, so that waiting
+    for it could not pass)."""
     monkeypatch.setattr(consumer, "FETCH_WAIT_S", 60.0)
     s = bus.subjects
     counted = CountedFetches(bus, monkeypatch)
@@ -99,7 +102,7 @@ async def test_a_batch_does_not_wait_to_be_full(bus: Bus, monkeypatch: pytest.Mo
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)
-    assert counted.fetches[0] == (8, 1)
+    assert counted.fetches[0] == (1, 1)
 
 
 async def _true(value: bool) -> bool:
