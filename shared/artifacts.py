@@ -36,7 +36,12 @@ from nats.js.errors import (
     NotFoundError,
     ObjectNotFoundError,
 )
-from nats.js.object_store import OBJ_META_PRE_TEMPLATE, ObjectStore
+from nats.js.object_store import (
+    OBJ_CHUNKS_PRE_TEMPLATE,
+    OBJ_META_PRE_TEMPLATE,
+    OBJ_STREAM_TEMPLATE,
+    ObjectStore,
+)
 
 from shared.events import ArtifactRef, WorkspaceFile
 from shared.paths import UnsafePath, safe_join, validate_relative_path
@@ -285,7 +290,7 @@ class ObjectStoreArtifacts:
                 # use it as it is rather than fight over the configuration.
                 store = await js.object_store(bucket)
         if submitter:
-            store = _MetadataByDirectGet(name=bucket, stream=f"OBJ_{bucket}", js=js)
+            store = _MetadataByDirectGet(name=bucket, stream=OBJ_STREAM_TEMPLATE.format(bucket=bucket), js=js)
         return cls(store, js=js, bucket=bucket, stall_timeout_s=stall_timeout_s)
 
     async def put_file(self, name: str, path: Path) -> ArtifactRef:
@@ -338,7 +343,8 @@ class ObjectStoreArtifacts:
         if info.chunks != 1:
             return None
         try:
-            msg = await self._js.get_last_msg(f"OBJ_{self._bucket}", f"$O.{self._bucket}.C.{info.nuid}")
+            msg = await self._js.get_last_msg(OBJ_STREAM_TEMPLATE.format(bucket=self._bucket),
+                                              OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=self._bucket, obj=info.nuid))
         except NotFoundError:
             raise ArtifactError(
                 f"reading {name!r}: its chunk was replaced or deleted while it was read; retry"
