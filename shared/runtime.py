@@ -82,6 +82,8 @@ class StageContext:
     workdir: Path
     subject: str = ""
     slot: Slot | None = None
+    #: Set by :meth:`ack_after`: the message is acked once this is done, not when the handler returns.
+    acked_after: asyncio.Future[Any] | None = None
 
     @property
     def settings(self) -> Settings:
@@ -96,6 +98,13 @@ class StageContext:
         while this one finishes (uploads, results). A no-op for a stage without device slots."""
         if self.slot is not None:
             self.slot.release()
+
+    def ack_after(self, written: asyncio.Future[Any]) -> None:
+        """Ack this message once ``written`` is done (nak it if that fails), rather than when the
+        handler returns: the handler's work is left to finish later (the aggregator writes an event
+        that ends nothing with its request's next one), and this handler's place goes to the next
+        message meanwhile. Until then the message is unacked, so a crash redelivers it."""
+        self.acked_after = written
 
     async def progress(self, state: str = "running", **fields: Any) -> None:
         event = Progress(request_id=self.request_id, stage=self.stage, state=state, **fields)  # type: ignore[arg-type]
@@ -372,6 +381,8 @@ class StageWorker:
         self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}
         self._cancelled: set[str] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
+        #: Messages whose ack waits for their handler's later work (StageContext.ack_after).
+        self._acks_owed: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -393,6 +404,13 @@ class StageWorker:
             if self._cleanups:  # working folders still being deleted
                 await asyncio.gather(*self._cleanups, return_exceptions=True)
             log.info("worker stopped", stage=self.stage.value)
+
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait (a while) for the acks still owed (StageContext.ack_after), once whatever they wait
+        for is done or given up (the aggregator flushes its lingering writes on stop). A message
+        whose ack never went out is redelivered: nothing is lost, only done twice."""
+        if self._acks_owed:
+            await asyncio.wait(list(self._acks_owed), timeout=timeout_s)
 
     def cancel_running(self, request_id: str, reason: str) -> None:
         """Kill this worker's running handling of ``request_id``, as a cancel (acked, not retried)."""
@@ -496,7 +514,10 @@ class StageWorker:
                 *(self._send(out, request_id, behind=n > 0) for n, out in enumerate(outgoing)),
                 *(policy.done(ctx, outgoing) for policy in self.policies),
             )
-            await msg.ack()
+            if ctx.acked_after is None:
+                await msg.ack()
+            else:
+                self._ack_when_done(msg, ctx.acked_after, deliveries)
         except Exception:
             log.exception("publishing results failed, will retry")
             with contextlib.suppress(Exception):
@@ -508,6 +529,26 @@ class StageWorker:
         for policy in self.policies:
             await policy.finished(ctx, outgoing)
         self._note("stage finished", published=[o.subject for o in outgoing])
+
+    def _ack_when_done(self, msg: Msg, written: asyncio.Future[Any], deliveries: int) -> None:
+        async def ack() -> None:
+            try:
+                await written
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await msg.nak()  # stopping: another worker takes it over at once
+                raise
+            except Exception:
+                log.exception("the handler's later work failed, will retry")
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=self._backoff(deliveries))
+                return
+            with contextlib.suppress(Exception):  # a lost ack: the message comes back, done twice
+                await msg.ack()
+
+        task = asyncio.create_task(ack())
+        self._acks_owed.add(task)
+        task.add_done_callback(self._acks_owed.discard)
 
     async def _send(self, out: Outgoing, request_id: str, *, behind: bool) -> None:
         """Publish one of the handler's events. ``behind``: let the ones before it reach the socket

@@ -67,9 +67,12 @@ RECORD_MEMORY = 512
 # How long a request's public view may lag its record while the request is under way: its updates
 # meanwhile are written once. A request that is over, or asked to cancel, is written at once.
 STATUS_LINGER_S = 0.25
-# How long a progress update waits for its request's next event, to be written with it (a stage
-# that ends quickly: one write for its start and its result), before it is written alone.
-PROGRESS_LINGER_S = 0.25
+# How long an update that ends nothing waits for its request's next event, to be written with it,
+# before it is written alone: a stage's progress (a stage that ends quickly: one write for its start
+# and its result), a request's arrival and a stage's result (a pre-check failure: one write for
+# the request, the data stage's refusal and the judge's verdict). An event's message is acked once
+# its update is written (StageContext.ack_after).
+LINGER_S = 0.25
 
 RESULT_STAGE: dict[type, Stage] = {
     DataResult: Stage.data,
@@ -99,13 +102,13 @@ class Aggregator:
         self._records: OrderedDict[str, tuple[RequestRecord, int]] = OrderedDict()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._queued: dict[str, list[_Queued]] = {}
-        # Progress writes that run alone at once (bounded; a request's writes keep their order on
+        # Lingering writes that run alone at once (bounded; a request's writes keep their order on
         # its lock).
-        self._progress_slots = asyncio.Semaphore(max(1, concurrency))
-        # Progress updates waiting for their request's next write (tasks write them: the
-        # subscription's callbacks run one after the other and must not wait for a write).
-        self._progress_owed: dict[str, list[Callable[[RequestRecord], bool | None]]] = {}
-        self._progress_later = _Lingering(lambda: PROGRESS_LINGER_S, self._write_progress)
+        self._owed_slots = asyncio.Semaphore(max(1, concurrency))
+        # Updates waiting for their request's next write, in order (`_write_later`; tasks write
+        # them: the progress subscription's callbacks run one after the other and must not wait).
+        self._owed: dict[str, list[_Queued]] = {}
+        self._owed_later = _Lingering(lambda: LINGER_S, self._write_owed)
         # Public views waiting out their linger: the newest of each request, with its record revision.
         self._status_owed: dict[str, tuple[bytes, int]] = {}
         self._status_later = _Lingering(lambda: STATUS_LINGER_S, self._write_lingering_status)
@@ -161,8 +164,10 @@ class Aggregator:
             await cancel_until_done(tasks)
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
-            await self._progress_later.flush(list(self._progress_owed))
+            await self._owed_later.flush(list(self._owed))
             await self._status_later.flush(list(self._status_owed))
+            # The acks of the events just written (or naks of those that could not be).
+            await asyncio.gather(*(worker.settle() for worker in workers))
 
     def _dead_letters_here(self, subject: str) -> str | None:
         """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
@@ -191,7 +196,7 @@ class Aggregator:
                         event_type=type(event).__name__, subject=ctx.subject, request_id=rid)
             return []
         if isinstance(event, EvalRequested):
-            await self.update(rid, lambda r: _on_request(r, event), new=True)
+            self._write_later(rid, lambda r: _on_request(r, event), ctx, new=True)
         elif isinstance(event, CancelRequested):
             await self.update(rid, lambda r: _on_cancel(r, event))
         elif isinstance(event, BenchResult) and event.split == "test":
@@ -203,9 +208,20 @@ class Aggregator:
                 log.warning("dead letter without a readable request id", reason=event.reason)
                 return []
             await self.update(rid, lambda r: _on_dead_letter(r, event))
-        else:
-            await self.update(rid, lambda r: _on_stage_result(r, event))
+        else:  # a stage's result ends nothing: the next stage's start or the judge's verdict follows
+            self._write_later(rid, lambda r: _on_stage_result(r, event), ctx)
         return []
+
+    def _write_later(self, request_id: str, mutate: Callable[[RequestRecord], bool | None], ctx: StageContext,
+                     *, new: bool = False) -> None:
+        """An event whose update ends nothing (no verdict, no report): written with its request's
+        next write, or alone after LINGER_S, and its message acked then (a crash meanwhile
+        redelivers it). The request's record and public view lag it by that much, as the view
+        already does (STATUS_LINGER_S); a pre-check failure's three events become one write."""
+        written: asyncio.Future[RequestRecord | None] = asyncio.get_running_loop().create_future()
+        self._owed.setdefault(request_id, []).append((mutate, True, new, written))
+        self._owed_later.owe(request_id)
+        ctx.ack_after(written)
 
     async def _on_progress(self, msg: Any) -> None:
         """The progress subscription's callback: it waits for nothing (the write, if any, is a task
@@ -230,21 +246,24 @@ class Aggregator:
 
     def _update_soon(self, request_id: str, mutate: Callable[[RequestRecord], bool | None]) -> None:
         """A progress update: written with the request's next event (the stage's result, when the
-        stage is quick), or alone after PROGRESS_LINGER_S. Progress travels as core messages (at
-        most once), so the update a crash loses here is one the bus may always lose."""
-        self._progress_owed.setdefault(request_id, []).append(mutate)
-        self._progress_later.owe(request_id)
+        stage is quick), or alone after LINGER_S. Progress travels as core messages (at most once),
+        so the update a crash loses here is one the bus may always lose: nobody waits for it."""
+        settled: asyncio.Future[RequestRecord | None] = asyncio.get_running_loop().create_future()
+        settled.set_result(None)
+        self._owed.setdefault(request_id, []).append((mutate, False, False, settled))
+        self._owed_later.owe(request_id)
 
-    async def _write_progress(self, request_id: str) -> None:
-        async with self._progress_slots:
-            # Taken once a slot is free: progress arriving meanwhile joins this write, in order.
-            owed = self._progress_owed.pop(request_id, None)
-            if not owed:
+    async def _write_owed(self, request_id: str) -> None:
+        """What a request owes, written alone once it has lingered (``update`` takes it along)."""
+        async with self._owed_slots:
+            # Taken once a slot is free: updates owed meanwhile join this write, in order.
+            if request_id not in self._owed:
                 return  # written with an event meanwhile
             try:
-                record = await self.update(request_id, _all_of(owed), create=False)
+                record = await self.update(request_id, _unchanged, create=False)
             except Exception as exc:
-                log.warning("progress update failed", request_id=request_id, error=str(exc))
+                # The events' messages are naked (their futures hold the error); progress is lost.
+                log.warning("lingering update failed", request_id=request_id, error=str(exc))
                 record = None
         # Bounded memory: forget a request once it is over (or unknown), and whatever fell silent.
         if record is None or record.terminal:
@@ -366,14 +385,10 @@ class Aggregator:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[RequestRecord | None] = loop.create_future()
         queued = self._queued.setdefault(request_id, [])
-        progress = self._progress_owed.pop(request_id, None)
-        if progress:
-            self._progress_later.forget(request_id)  # written here: its timer has nothing left to do
-            # The progress that came before this event goes first, in the same write. Nobody
-            # waits for it: its future is already done.
-            settled: asyncio.Future[RequestRecord | None] = loop.create_future()
-            settled.set_result(None)
-            queued.append((_all_of(progress), False, False, settled))
+        owed = self._owed.pop(request_id, None)
+        if owed:
+            self._owed_later.forget(request_id)  # written here: its timer has nothing left to do
+            queued.extend(owed)  # what came before this update goes first, in the same write
         queued.append((mutate, create, new, done))
         async with self._hold(request_id):
             if not done.done():  # nobody wrote it yet: write everything queued for this request
@@ -400,8 +415,10 @@ class Aggregator:
     async def _write(self, request_id: str, batch: list[_Queued]) -> RequestRecord | None:
         mutate_all = _all_of([mutate for mutate, *_ in batch])
         try:
+            # ``new``: the batch holds the request's first event, so the record most likely does not
+            # exist yet (a create, no read first).
             record, changed = await self._cas(request_id, mutate_all, create=any(c for _, c, _, _ in batch),
-                                              new=all(n for _, _, n, _ in batch), attempts=100)
+                                              new=any(n for _, _, n, _ in batch), attempts=100)
         except _Contention as exc:
             raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
         if record is None or not changed:
@@ -648,6 +665,11 @@ async def _after_a_turn() -> None:
 
 #: An update waiting for its request's next write: (mutate, create, new, the caller's future).
 _Queued = tuple[Callable[[RequestRecord], bool | None], bool, bool, "asyncio.Future[RequestRecord | None]"]
+
+
+def _unchanged(record: RequestRecord) -> bool:
+    """No change of its own (a write of what is owed alone)."""
+    return False
 
 
 def _all_of(mutations: list[Callable[[RequestRecord], bool | None]]) -> Callable[[RequestRecord], bool]:

@@ -1,7 +1,8 @@
 """What the stage runtime (shared/runtime.py) does around a handler, on a real nats-server: the
 stored result on a redelivery (and none for a result worked out again), a cancel that only the
-status record knows, the first look only once a handler has run a while, and a heartbeat that
-ends even when a beat takes its cancel for a result."""
+status record knows, the first look only once a handler has run a while, a heartbeat that
+ends even when a beat takes its cancel for a result, and an ack that waits for a handler's later
+work."""
 
 from __future__ import annotations
 
@@ -304,3 +305,48 @@ async def test_the_first_look_comes_only_once_a_handler_has_run_a_while(
     assert "quick-1" not in looks, "a handler over at once still cost a look"
     assert "slow-1" in looks, "a handler that ran 1.5 s was never looked at"
     assert looks["slow-1"] - began["slow-1"] >= 0.45
+
+
+async def test_a_message_acked_after_its_handler_s_later_work_waits_for_it_and_is_retried_if_it_fails(
+    bus: Bus,
+) -> None:
+    """``StageContext.ack_after`` (the aggregator's lingering writes): the handler returns at once,
+    its place goes to the next message, and its own message stays unacked until the later work is
+    done; work that fails naks it, and it comes back."""
+    later: dict[str, list[asyncio.Future[None]]] = {}
+    seen: list[str] = []
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        seen.append(event.request_id)
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        later.setdefault(event.request_id, []).append(written)
+        ctx.ack_after(written)
+        return []
+
+    async def pending() -> int:
+        info = await bus.js.consumer_info(bus.subjects.stream_events, bus.subjects.durable(Stage.train))
+        return info.num_ack_pending
+
+    async def count(n: int) -> bool:
+        return len(seen) >= n
+
+    stage = TrainStage(bus, handle, ())  # as the aggregator runs it: no stored results to skip by
+    try:
+        await send(bus, "later-1")
+        await send(bus, "later-2")
+        # One handler (concurrency 1): the second message was handled while the first was unacked.
+        await poll(lambda: count(2), "the second message handled while the first waits", timeout_s=30)
+        assert await pending() == 2, "a message was acked before its later work was done"
+        later["later-1"][0].set_result(None)
+        await poll(lambda: _pending_is(pending, 1), "the first acked once done", timeout_s=30)
+        later["later-2"][0].set_exception(RuntimeError("the lingering write failed"))
+        await poll(lambda: count(3), "the failed one redelivered", timeout_s=30)
+        assert seen[2] == "later-2"
+        later["later-2"][1].set_result(None)
+        await poll(lambda: acked(bus), "every message acknowledged", timeout_s=30)
+    finally:
+        await stage.close()
+
+
+async def _pending_is(pending: Callable[[], Awaitable[int]], n: int) -> bool:
+    return await pending() == n

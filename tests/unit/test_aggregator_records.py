@@ -123,7 +123,7 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatc
     from shared.events import Progress
     from shared.subjects import Subjects
 
-    monkeypatch.setattr(agg, "PROGRESS_LINGER_S", 0.0)
+    monkeypatch.setattr(agg, "LINGER_S", 0.0)
     aggregator = agg.Aggregator(SimpleNamespace(subjects=Subjects()))  # type: ignore[arg-type]
 
     async def update(rid: str, mutate: object, create: bool = True) -> RequestRecord:
@@ -134,7 +134,7 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatc
         rid = f"done-{i}" if i % 2 else f"run-{i}"
         event = Progress(request_id=rid, stage=Stage.train, state="started")
         await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
-    await asyncio.gather(*aggregator._progress_later.tasks)
+    await asyncio.gather(*aggregator._owed_later.tasks)
     # Finished requests are forgotten at once; running ones are kept while the memory is small.
     assert not any(rid.startswith("done") for rid in aggregator._last_progress_write)
     assert len(aggregator._last_progress_write) == 3 * agg.PROGRESS_MEMORY // 2
@@ -285,49 +285,69 @@ class RecordingBus:
         self.published.append(subject)
 
 
+class Delivered:
+    """What the aggregator's handler sees of a message: its subject, and what its ack waits for."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.acked_after: Any = None
+
+    def ack_after(self, written: Any) -> None:
+        self.acked_after = written
+
+    @property
+    def acked(self) -> bool:
+        """The runtime would ack it now: at once, or its update is written."""
+        return self.acked_after is None or (self.acked_after.done() and self.acked_after.exception() is None)
+
+
 async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatch: Any) -> None:
-    """A stage's start (progress) and its result coming close together are written to the record
-    once, the start first; the public view lags by STATUS_LINGER_S while the request is under way,
-    newest view only; a finished or cancelled request's view is written at once. (A burst of
-    pre-check failures: 6 record writes and 5 views per request before, 4 and 1 now.)"""
+    """A request's arrival, a stage's start (progress) and its result coming close together are
+    written to the record once, in their order, and the events' messages acked only then; the
+    public view lags by STATUS_LINGER_S while the request is under way, newest view only; a
+    finished or cancelled request's view is written at once. (A burst of pre-check failures: 6
+    record writes and 5 views per request at first, 4 and 1 after the last changes, 2 and 1 now.)"""
     import asyncio
 
     from shared import codec
     from shared.events import DataResult, EvalRequested, Progress
 
-    monkeypatch.setattr(agg, "PROGRESS_LINGER_S", 0.05)
+    monkeypatch.setattr(agg, "LINGER_S", 0.05)
     monkeypatch.setattr(agg, "STATUS_LINGER_S", 0.05)
     bus = RecordingBus()
     aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
     kv = MemoryKV()
     aggregator._kv = kv  # type: ignore[assignment]
-    writes = lambda: kv.data["r1"][1]  # noqa: E731 - the record's revision counts its writes
+    writes = lambda: kv.data["r1"][1] if "r1" in kv.data else 0  # noqa: E731 - the record's revision counts its writes
 
     async def progress(stage: Stage, state: str = "started") -> None:
         event = Progress(request_id="r1", stage=stage, state=state)  # type: ignore[arg-type]
         await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
 
-    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
-                              SimpleNamespace(subject=bus.subjects.eval_requested))  # type: ignore[arg-type]
-    assert kv.gets == 0 and writes() == 1, "a new request's record is created without a read first"
+    arrival = Delivered(bus.subjects.eval_requested)
+    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT), arrival)  # type: ignore[arg-type]
+    assert writes() == 0, "the arrival was written before its request's next event could join it"
+    assert not arrival.acked, "the arrival's message is acked before its update is written"
     await progress(Stage.data)
-    assert writes() == 1, "the start waits for the stage's result"
     failed = DataResult(request_id="r1", ok=False, context=CONTEXT, data=DataSummary(), error="no train.yaml")
-    await aggregator.on_event(failed, SimpleNamespace(subject=bus.subjects.data_failed))  # type: ignore[arg-type]
-    assert writes() == 2, "the start and the result: one write"
-    assert "r1" not in aggregator._progress_later._waiting, "the start's timer is left to wake for nothing"
+    refusal = Delivered(bus.subjects.data_failed)
+    await aggregator.on_event(failed, refusal)  # type: ignore[arg-type]
+    assert writes() == 0 and not refusal.acked
+    await asyncio.sleep(0.2)
+    assert writes() == 1 and kv.gets == 0, "the arrival, the start and the result: one create, no read first"
+    assert arrival.acked and refusal.acked, "written, and their messages not acked"
+    assert "r1" not in aggregator._owed_later._waiting
     record = RequestRecord.model_validate_json(kv.data["r1"][0])
     data = record.stages["data"]
+    assert record.task == CONTEXT.task and record.submitted_at is not None
     assert data.attempts == 1 and data.started_at is not None and data.finished_at is not None
     assert record.stage == "judge", "the start was applied before the result, not after it"
-    assert bus.status.puts == [], "the view of a request under way lingers"
-    await asyncio.sleep(0.2)
     assert [view.stage for _, view in bus.status.puts] == ["judge"], "one put, the newest view"
-    assert writes() == 2
+    assert writes() == 1
 
     await progress(Stage.judge)  # a start with nothing after it: written alone, after its linger
     await asyncio.sleep(0.2)
-    assert writes() == 3 and RequestRecord.model_validate_json(kv.data["r1"][0]).stages["judge"].attempts == 1
+    assert writes() == 2 and RequestRecord.model_validate_json(kv.data["r1"][0]).stages["judge"].attempts == 1
 
     await aggregator.update("r1", lambda record: None)  # a change under way: its view lingers
     assert "r1" in aggregator._status_later._waiting
@@ -341,6 +361,50 @@ async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatc
     assert bus.status.puts[-1][1].status == "cancelled", "no older view written after the final one"
 
 
+async def test_a_pre_check_failure_is_one_record_write_and_its_mark(monkeypatch: Any) -> None:
+    """The request, the data stage's refusal and the judge's verdict arriving together: the verdict
+    takes the two lingering events along, one create (no read) claims it, then the mark; the two
+    earlier messages are acked once that write is done. A lingering write that fails leaves its
+    events' messages to be retried."""
+    from shared.events import DataResult, EvalRequested, JudgeResult
+
+    bus = RecordingBus()
+    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
+    kv = MemoryKV()
+    aggregator._kv = kv  # type: ignore[assignment]
+    s = bus.subjects
+    events = [
+        (EvalRequested(request_id="r1", context=CONTEXT), Delivered(s.eval_requested)),
+        (DataResult(request_id="r1", ok=False, context=CONTEXT, data=DataSummary(), error="no train.yaml"),
+         Delivered(s.data_failed)),
+        (judge_result(decision=False, expects_test=False).model_copy(update={"request_id": "r1"}),
+         Delivered(s.judge_completed)),
+    ]
+    for event, delivered in events:
+        await aggregator.on_event(event, delivered)  # type: ignore[arg-type]
+    assert isinstance(events[2][0], JudgeResult) and events[2][1].acked_after is None
+    assert all(delivered.acked for _, delivered in events)
+    assert kv.gets == 0 and kv.data["r1"][1] == 2, "more than a create and a mark"
+    record = RequestRecord.model_validate_json(kv.data["r1"][0])
+    assert record.task == CONTEXT.task and record.stages["data"].ok is False
+    assert record.verdict_published and record.report_published and kv.opened["r1"] is False
+    assert bus.published == [s.verdict("r1"), s.report("r1")]
+
+    class Broken(MemoryKV):
+        async def create(self, key: str, value: bytes, *, open_: bool | None = None) -> int:
+            raise RuntimeError("the server is gone")
+
+    monkeypatch.setattr(agg, "LINGER_S", 0.0)
+    aggregator._kv = Broken()  # type: ignore[assignment]
+    arrival = Delivered(s.eval_requested)
+    await aggregator.on_event(EvalRequested(request_id="r2", context=CONTEXT), arrival)  # type: ignore[arg-type]
+    import asyncio
+
+    await asyncio.gather(*aggregator._owed_later.tasks)
+    assert arrival.acked_after.done() and isinstance(arrival.acked_after.exception(), RuntimeError), (
+        "a lingering write that failed let its message be acked")
+
+
 async def test_a_first_event_finds_a_record_already_there_and_keeps_it() -> None:
     """Another aggregator wrote the record first: the create fails, the record is read and the
     event applied to it, nothing lost."""
@@ -351,8 +415,10 @@ async def test_a_first_event_finds_a_record_already_there_and_keeps_it() -> None
     kv = MemoryKV()
     aggregator._kv = kv  # type: ignore[assignment]
     kv.data["r1"] = (RequestRecord(request_id="r1", stage="train", status="running").model_dump_json().encode(), 4)
-    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
-                              SimpleNamespace(subject=bus.subjects.eval_requested))  # type: ignore[arg-type]
+    arrival = Delivered(bus.subjects.eval_requested)
+    await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT), arrival)  # type: ignore[arg-type]
+    await aggregator._write_owed("r1")  # its linger over
+    assert arrival.acked
     record = RequestRecord.model_validate_json(kv.data["r1"][0])
     assert kv.gets == 1 and kv.data["r1"][1] == 5
     assert record.stage == "train" and record.task == CONTEXT.task
@@ -387,7 +453,8 @@ async def test_a_record_says_it_is_open_until_its_verdict_and_report_are_out() -
     from shared.events import EvalRequested
 
     await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
-                              SimpleNamespace(subject=bus.subjects.eval_requested))  # type: ignore[arg-type]
+                              Delivered(bus.subjects.eval_requested))  # type: ignore[arg-type]
+    await aggregator._write_owed("r1")  # its linger over
     assert kv.opened["r1"] is True
     await aggregator.on_event(CancelRequested(request_id="r1"),
                               SimpleNamespace(subject=bus.subjects.cancel))  # type: ignore[arg-type]
