@@ -167,7 +167,7 @@ class Policy:
         return False
 
     async def started(self, ctx: StageContext) -> None:
-        """The handler has just started (this runs beside it, in the heartbeat's first turn)."""
+        """The handler has just started (its task is created; this runs before its results go out)."""
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
         """Once the handler has run for ``StageWorker.FIRST_LOOK_S`` (beside it, not before it), then
@@ -467,13 +467,12 @@ class StageWorker:
             slot=slot,
         )
         self._note("stage started", delivery=deliveries, subject=msg.subject)
-        # The handler's task first, so that it starts before the policies announce it (the
-        # heartbeat's first turn, always before the handler's end is seen).
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
-        beating = asyncio.Event()
-        beating.set()
-        heartbeat = asyncio.create_task(self._heartbeat(msg, ctx, beating))
+        # Announced beside the handler's start, and before its results: publishing only queues the
+        # event (nats-py writes it at its flusher's next turn, unless its buffer is full).
+        await self._announce(ctx)
+        heartbeat = _Heartbeat(self, msg, ctx)
         returned = False
         try:
             outgoing = await task
@@ -500,11 +499,9 @@ class StageWorker:
         finally:
             self._running.pop(request_id, None)
             self._cancelled.discard(request_id)
-            beating.clear()
-            heartbeat.cancel()
+            heartbeat.stop()
             if not returned:  # else awaited once the results are out: it can only end, not beat again
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
+                await heartbeat.ended()
         try:
             # The stored result and the published events go out together, then the ack. Either
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
@@ -524,8 +521,7 @@ class StageWorker:
                 await msg.nak(delay=self._backoff(deliveries))
             return
         finally:
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await heartbeat.ended()
         for policy in self.policies:
             await policy.finished(ctx, outgoing)
         self._note("stage finished", published=[o.subject for o in outgoing])
@@ -562,40 +558,13 @@ class StageWorker:
         steps = self.bus.settings.retry_backoff_s or [1.0]
         return float(steps[min(deliveries - 1, len(steps) - 1)])
 
-    async def _heartbeat(self, msg: Msg, ctx: StageContext, beating: asyncio.Event) -> None:
-        """Announce the start (``Policy.started``) beside the handler's start rather than before it,
-        beat once the handler has run for FIRST_LOOK_S (the policies' first look), then every
-        ``heartbeat_s``, until
-        ``beating`` is cleared. The first turn runs before the handler's end can be seen (its task
-        was created first), so "started" goes out before the stage's results (nats-py queues a publish
-        without waiting unless its outgoing buffer is full).
-
-        The loop ends on the cleared event, not only on its cancellation: Python 3.11's
-        ``asyncio.wait_for`` returns its result instead of raising when a cancel arrives just as
-        the result does (nats-py waits for every reply with it), so a cancelled beat can come back
-        as if nothing happened, and a loop that waited for its CancelledError would beat, and hold
-        its message, for ever."""
-        interval = min(self.bus.settings.heartbeat_s, self.bus.settings.ack_wait_s / 3)
-        request_id = ctx.request_id
+    async def _announce(self, ctx: StageContext) -> None:
+        """The policies' ``started`` (progress is best effort: the stage runs on if it fails)."""
         try:
             for policy in self.policies:
                 await policy.started(ctx)
-        except Exception as exc:  # progress is best effort: the stage runs on
+        except Exception as exc:
             log.warning("announcing the start failed", error=str(exc))
-        await asyncio.sleep(min(interval, self.FIRST_LOOK_S))
-        first = True
-        while beating.is_set():
-            try:
-                if not first:
-                    await msg.in_progress()
-                for policy in self.policies:
-                    if not beating.is_set():
-                        return
-                    await policy.beat(self, request_id)
-            except Exception as exc:  # a lost connection: the next beat may get through
-                log.warning("heartbeat failed", error=str(exc))
-            first = False
-            await asyncio.sleep(interval)
 
     async def _dead_letter(self, msg: Msg, reason: str, request_id: str | None, deliveries: int) -> None:
         seq = msg.metadata.sequence.stream if msg.metadata else 0
@@ -611,6 +580,60 @@ class StageWorker:
         )
         await self.bus.publish(self.bus.subjects.dlq, letter, f"dlq:{self.stream}:{seq}:{self.durable}")
         await msg.term()
+
+
+class _Heartbeat:
+    """One message's heartbeat while its handler runs: nothing until the handler has run
+    ``StageWorker.FIRST_LOOK_S`` (a timer, not a task: most light handlers are over sooner, and a
+    task per message that slept and was then cancelled cost each hop a few percent of its CPU), then
+    a task that beats: the policies' first look at once, then ``in_progress()`` and a look every
+    ``heartbeat_s``, so that ack_wait only expires when the worker is really gone, until :meth:`stop`.
+
+    The beats end on the flag :meth:`stop` clears, not only on the task's cancellation: Python
+    3.11's ``asyncio.wait_for`` returns its result instead of raising when a cancel arrives just as
+    the result does (nats-py waits for every reply with it), so a cancelled beat can come back as if
+    nothing happened, and a loop that waited for its CancelledError would beat, and hold its
+    message, for ever."""
+
+    def __init__(self, worker: StageWorker, msg: Msg, ctx: StageContext) -> None:
+        settings = worker.bus.settings
+        self._interval = min(settings.heartbeat_s, settings.ack_wait_s / 3)
+        self._worker, self._msg, self._request_id = worker, msg, ctx.request_id
+        self._beating = True
+        self._task: asyncio.Task[None] | None = None
+        # The timer's callback runs in this context (contextvars): its beats log the request and stage.
+        self._timer = asyncio.get_running_loop().call_later(min(self._interval, worker.FIRST_LOOK_S), self._begin)
+
+    def _begin(self) -> None:
+        if self._beating:
+            self._task = asyncio.create_task(self._beat())
+
+    async def _beat(self) -> None:
+        first = True
+        while self._beating:
+            try:
+                if not first:
+                    await self._msg.in_progress()
+                for policy in self._worker.policies:
+                    if not self._beating:
+                        return
+                    await policy.beat(self._worker, self._request_id)
+            except Exception as exc:  # a lost connection: the next beat may get through
+                log.warning("heartbeat failed", error=str(exc))
+            first = False
+            await asyncio.sleep(self._interval)
+
+    def stop(self) -> None:
+        self._beating = False
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def ended(self) -> None:
+        """Once stopped: the beat under way, if any, is over."""
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 def _cleanup(workdir: Path) -> None:
