@@ -47,6 +47,7 @@ from shared.records import RequestStatusView
 from shared.runner import LocalRunner, Runner, reap_orphans
 from shared.settings import Settings
 from shared.subjects import Subjects, msg_id
+from shared.tasks import together
 
 log = get_logger("ftbus.runtime")
 
@@ -79,11 +80,21 @@ class StageContext:
     artifacts: ArtifactStore
     runner: Runner
     deliveries: int
-    workdir: Path
+    #: This message's working folder: see :attr:`workdir`.
+    workdir_path: Path
     subject: str = ""
     slot: Slot | None = None
     #: Set by :meth:`ack_after`: the message is acked once this is done, not when the handler returns.
     acked_after: asyncio.Future[Any] | None = None
+    #: Whether the handler asked for its working folder (only then is it looked for, and deleted, after).
+    workdir_used: bool = False
+
+    @property
+    def workdir(self) -> Path:
+        """This message's working folder, made by the handler if it needs one, deleted once the
+        message is done. Most light messages never ask, and cost no look at the disk after."""
+        self.workdir_used = True
+        return self.workdir_path
 
     @property
     def settings(self) -> Settings:
@@ -173,8 +184,12 @@ class Policy:
         """Once the handler has run for ``StageWorker.FIRST_LOOK_S`` (beside it, not before it), then
         at every heartbeat while it runs. A handler that ends sooner gets no beat at all."""
 
+    def acts_on(self, outgoing: list[Outgoing]) -> bool:
+        """Whether :meth:`done` has anything to do for these events (False: it is not called)."""
+        return type(self).done is not Policy.done
+
     async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        """The handler returned; its events are about to be published."""
+        """The handler returned; its events are about to be published (beside this)."""
 
     async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
         """The events are published and the message acked."""
@@ -217,9 +232,11 @@ class IdempotencyStore(Policy):
         log.info("stage already done, republished its stored result")
         return True
 
+    def acts_on(self, outgoing: list[Outgoing]) -> bool:
+        # Nothing to store for events worked out again from the message, the same way (Outgoing).
+        return not outgoing or any(out.stored for out in outgoing)
+
     async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        if outgoing and not any(out.stored for out in outgoing):
-            return  # worked out again from the message, the same way, if it comes back (Outgoing)
         # One turn of the event loop first: the events, published just before, reach the socket
         # ahead of this write (the next stage waits for them, nobody waits for this).
         await asyncio.sleep(0)
@@ -446,26 +463,27 @@ class StageWorker:
             await self._handle(msg, event, deliveries, slot)
 
     async def _handle(self, msg: Msg, event: Any, deliveries: int, slot: Slot | None = None) -> None:
-        workdir = self.bus.settings.work / self.stage.value / f"{event.request_id}-{deliveries}"
+        request_id: str = event.request_id
+        ctx = StageContext(
+            self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
+            self.bus.settings.work / self.stage.value / f"{request_id}-{deliveries}", subject=msg.subject, slot=slot,
+        )
         try:
-            await self._handle_in(workdir, msg, event, deliveries, slot)
+            await self._handle_in(ctx, msg, event)
         finally:
             # Once the results are out and the message acked, off the event loop, and without
             # holding up this loop's next message (a training's outputs take a while to delete).
             # Handlers make the folder only when they need one: the light messages (the
-            # aggregator's events, a pre-check, a judgement) leave none and cost no thread.
-            if workdir.exists():
+            # aggregator's events, a pre-check, a judgement) never ask for it, and cost neither a
+            # look at the disk nor a thread.
+            workdir = ctx.workdir_path
+            if ctx.workdir_used and workdir.exists():
                 task = asyncio.create_task(asyncio.to_thread(_cleanup, workdir))
                 self._cleanups.add(task)
                 task.add_done_callback(self._cleanups.discard)
 
-    async def _handle_in(self, workdir: Path, msg: Msg, event: Any, deliveries: int, slot: Slot | None) -> None:
-        request_id: str = event.request_id
-        artifacts = await self.bus.artifacts()
-        ctx = StageContext(
-            self.bus, self.stage, request_id, artifacts, self.runner, deliveries, workdir, subject=msg.subject,
-            slot=slot,
-        )
+    async def _handle_in(self, ctx: StageContext, msg: Msg, event: Any) -> None:
+        request_id, deliveries = ctx.request_id, ctx.deliveries
         self._note("stage started", delivery=deliveries, subject=msg.subject)
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
@@ -507,9 +525,9 @@ class StageWorker:
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
             # stage again, and the de-duplication ids keep a second copy off the stream.
             # The events are sent first: the next stage waits for them, nobody waits for the store.
-            await asyncio.gather(
+            await together(
                 *(self._send(out, request_id, behind=n > 0) for n, out in enumerate(outgoing)),
-                *(policy.done(ctx, outgoing) for policy in self.policies),
+                *(policy.done(ctx, outgoing) for policy in self.policies if policy.acts_on(outgoing)),
             )
             if ctx.acked_after is None:
                 await msg.ack()

@@ -56,7 +56,7 @@ from shared.events import (
 from shared.logs import bound, get_logger
 from shared.records import RequestRecord, RequestStatusView, StageTiming
 from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
-from shared.tasks import cancel_until_done
+from shared.tasks import cancel_until_done, together
 
 log = get_logger("ftbus.aggregator")
 
@@ -429,7 +429,7 @@ class Aggregator:
         # verdict first (the user waits for it). The mark comes after both: a record marked done
         # has its final view written, so the sweeper, which looks only at open records, never
         # needs to write it again.
-        published, _ = await asyncio.gather(self._publish_owed(record), self._publish_status(record))
+        published, _ = await together(self._publish_owed(record), self._publish_status(record))
         if published:
             await self._mark(request_id, *published)
         return record
@@ -507,7 +507,7 @@ class Aggregator:
                     wait_a_turn="verdict_published" in owed)
             if not owed:
                 return []
-            await asyncio.gather(*owed.values())
+            await together(*owed.values())
             if record.verdict is not None and "verdict_published" in owed:
                 log.info(
                     "verdict published",
