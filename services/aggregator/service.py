@@ -24,6 +24,7 @@ import json
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -195,31 +196,33 @@ class Aggregator:
             log.warning("ignoring an event on a subject where it does not belong",
                         event_type=type(event).__name__, subject=ctx.subject, request_id=rid)
             return []
+        # Every event here is a message: it comes back if its update, or what that publishes, fails.
+        again = ctx.deliveries > 1 or isinstance(event, DeadLetter)
         if isinstance(event, EvalRequested):
-            self._write_later(rid, lambda r: _on_request(r, event), ctx, new=True)
+            self._write_later(rid, lambda r: _on_request(r, event), ctx, new=True, again=again)
         elif isinstance(event, CancelRequested):
-            await self.update(rid, lambda r: _on_cancel(r, event))
+            await self.update(rid, lambda r: _on_cancel(r, event), retried=True, again=again)
         elif isinstance(event, BenchResult) and event.split == "test":
-            await self.update(rid, lambda r: _on_test(r, event))
+            await self.update(rid, lambda r: _on_test(r, event), retried=True, again=again)
         elif isinstance(event, JudgeResult):
-            await self.update(rid, lambda r: _on_judge(r, event))
+            await self.update(rid, lambda r: _on_judge(r, event), retried=True, again=again)
         elif isinstance(event, DeadLetter):
             if rid is None:
                 log.warning("dead letter without a readable request id", reason=event.reason)
                 return []
-            await self.update(rid, lambda r: _on_dead_letter(r, event))
+            await self.update(rid, lambda r: _on_dead_letter(r, event), retried=True, again=again)
         else:  # a stage's result ends nothing: the next stage's start or the judge's verdict follows
-            self._write_later(rid, lambda r: _on_stage_result(r, event), ctx)
+            self._write_later(rid, lambda r: _on_stage_result(r, event), ctx, again=again)
         return []
 
     def _write_later(self, request_id: str, mutate: Callable[[RequestRecord], bool | None], ctx: StageContext,
-                     *, new: bool = False) -> None:
+                     *, new: bool = False, again: bool = False) -> None:
         """An event whose update ends nothing (no verdict, no report): written with its request's
         next write, or alone after LINGER_S, and its message acked then (a crash meanwhile
         redelivers it). The request's record and public view lag it by that much, as the view
         already does (STATUS_LINGER_S); a pre-check failure's three events become one write."""
         written: asyncio.Future[RequestRecord | None] = asyncio.get_running_loop().create_future()
-        self._owed.setdefault(request_id, []).append((mutate, True, new, written))
+        self._owed.setdefault(request_id, []).append(_Queued(mutate, True, new, written, retried=True, again=again))
         self._owed_later.owe(request_id)
         ctx.ack_after(written)
 
@@ -250,7 +253,7 @@ class Aggregator:
         so the update a crash loses here is one the bus may always lose: nobody waits for it."""
         settled: asyncio.Future[RequestRecord | None] = asyncio.get_running_loop().create_future()
         settled.set_result(None)
-        self._owed.setdefault(request_id, []).append((mutate, False, False, settled))
+        self._owed.setdefault(request_id, []).append(_Queued(mutate, False, False, settled, retried=True))
         self._owed_later.owe(request_id)
 
     async def _write_owed(self, request_id: str) -> None:
@@ -260,7 +263,7 @@ class Aggregator:
             if request_id not in self._owed:
                 return  # written with an event meanwhile
             try:
-                record = await self.update(request_id, _unchanged, create=False)
+                record = await self.update(request_id, _unchanged, create=False, retried=True)
             except Exception as exc:
                 # The events' messages are naked (their futures hold the error); progress is lost.
                 log.warning("lingering update failed", request_id=request_id, error=str(exc))
@@ -311,7 +314,6 @@ class Aggregator:
             # finished records (tens of KB each) made the aggregator grow by 30 MB in its first
             # RECORD_MEMORY requests (bench/soak.py); now it holds only requests under way.
             self._records.pop(record.request_id, None)
-            self._view_revisions.pop(record.request_id, None)
             return
         self._records[record.request_id] = (record, revision)
         self._records.move_to_end(record.request_id)
@@ -373,7 +375,7 @@ class Aggregator:
 
     async def update(
         self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool = True,
-        new: bool = False,
+        new: bool = False, retried: bool = False, again: bool = False,
     ) -> RequestRecord | None:
         """Compare-and-set loop, then publish whatever the new record owes (verdict, report).
         ``mutate`` returns False when it changed nothing: then nothing is written.
@@ -381,7 +383,8 @@ class Aggregator:
         Group commit: the updates of a request that queue while one of its writes is under way
         are applied together, in their order, by the next write (one compare-and-set and one
         public view for all of them); each caller returns once its own change is written. ``new``:
-        the request's first event (its record most likely does not exist yet)."""
+        the request's first event (its record most likely does not exist yet); ``retried`` and
+        ``again``: see :class:`_Queued`."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[RequestRecord | None] = loop.create_future()
         queued = self._queued.setdefault(request_id, [])
@@ -389,7 +392,7 @@ class Aggregator:
         if owed:
             self._owed_later.forget(request_id)  # written here: its timer has nothing left to do
             queued.extend(owed)  # what came before this update goes first, in the same write
-        queued.append((mutate, create, new, done))
+        queued.append(_Queued(mutate, create, new, done, retried=retried, again=again))
         async with self._hold(request_id):
             if not done.done():  # nobody wrote it yet: write everything queued for this request
                 batch = self._queued.pop(request_id, [])
@@ -399,7 +402,7 @@ class Aggregator:
                     # The others queued behind this write learn how it ended; our own future is
                     # left alone (we raise instead), and a cancelled write cancels theirs, so no
                     # future is left holding an exception that nobody will retrieve.
-                    for *_, waiter in batch:
+                    for waiter in (queued.done for queued in batch):
                         if waiter is done or waiter.done():
                             continue
                         if isinstance(exc, asyncio.CancelledError):
@@ -407,18 +410,23 @@ class Aggregator:
                         else:
                             waiter.set_exception(exc)
                     raise
-                for *_, waiter in batch:
+                for waiter in (queued.done for queued in batch):
                     if not waiter.done():
                         waiter.set_result(record)
         return done.result()
 
     async def _write(self, request_id: str, batch: list[_Queued]) -> RequestRecord | None:
-        mutate_all = _all_of([mutate for mutate, *_ in batch])
+        mutate_all = _all_of([queued.mutate for queued in batch])
+        promised: list[str] = []
+        if all(queued.retried for queued in batch):
+            # Messages that come back if this fails: the write that claims the verdict (or builds
+            # the report) marks it published too, and a redelivery publishes it again (`again`).
+            mutate_all = _promising(mutate_all, promised)
         try:
             # ``new``: the batch holds the request's first event, so the record most likely does not
             # exist yet (a create, no read first).
-            record, changed = await self._cas(request_id, mutate_all, create=any(c for _, c, _, _ in batch),
-                                              new=any(n for _, _, n, _ in batch), attempts=100)
+            record, changed = await self._cas(request_id, mutate_all, create=any(q.create for q in batch),
+                                              new=any(q.new for q in batch), attempts=100)
         except _Contention as exc:
             raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
         if record is None or not changed:
@@ -426,12 +434,16 @@ class Aggregator:
         if record.terminal:
             self._last_progress_write.pop(request_id, None)  # its progress is over
         # The public view and what the record owes are independent writes: both at once, the
-        # verdict first (the user waits for it). The mark comes after both: a record marked done
-        # has its final view written, so the sweeper, which looks only at open records, never
-        # needs to write it again.
-        published, _ = await together(self._publish_owed(record), self._publish_status(record))
-        if published:
-            await self._mark(request_id, *published)
+        # verdict first (the user waits for it). The sweeper's mark comes after both: a record
+        # marked done has its final view written, so the sweeper, which looks only at open
+        # records, never needs to write it again (a promise broken by a crash is kept by the
+        # redelivery, which writes the view again).
+        again = any(queued.again for queued in batch)
+        published, _ = await together(self._publish_owed(record, promised, again=again),
+                                      self._publish_status(record))
+        unmarked = [flag for flag in published if not getattr(record, flag)]
+        if unmarked:
+            await self._mark(request_id, *unmarked)
         return record
 
     async def _publish_status(self, record: RequestRecord) -> None:
@@ -445,7 +457,8 @@ class Aggregator:
             if self._status_owed.pop(rid, None) is not None:  # a lingering one is older: never written after this
                 self._status_later.forget(rid)
             await _after_a_turn()
-            await self._put_status(rid, view, record.revision)
+            await self._put_status(rid, view, record.revision,
+                                   final=record.verdict_published and record.report_published)
             return
         self._status_owed[rid] = (view, record.revision)  # the newest view replaces a lingering one
         self._status_later.owe(rid)
@@ -460,12 +473,15 @@ class Aggregator:
             log.warning("public view not written; the request's next update writes it", request_id=request_id,
                         error=str(exc))
 
-    async def _put_status(self, request_id: str, view: bytes, revision: int, *, attempts: int = 20) -> None:
+    async def _put_status(self, request_id: str, view: bytes, revision: int, *, final: bool = False,
+                          attempts: int = 20) -> None:
         """Write ``view`` (of the record at ``revision``) unless the bucket holds a view of a later
         revision already: several aggregators, each handling some of a request's events, and
         lingering views may write one request's views out of order, and the newest must stay.
         A compare-and-set on the status bucket's own revision, which this aggregator remembers
-        from its last write of that request (no read); a write that loses reads what won."""
+        from its last write of that request (no read); a write that loses reads what won.
+        ``final``: the view of a record whose verdict and report are out, after which this
+        aggregator forgets the revision (a rare later write reads it)."""
         status_kv = await self.bus.kv(self.s.kv_status)
         last = self._view_revisions.pop(request_id, None)
         for _ in range(attempts):
@@ -484,24 +500,33 @@ class Aggregator:
                     return  # a view as new or newer is there
                 last = entry.revision
                 continue
-            self._view_revisions[request_id] = written  # forgotten with the record (_remember)
+            if final:
+                return
+            self._view_revisions[request_id] = written
             while len(self._view_revisions) > RECORD_MEMORY:
                 self._view_revisions.popitem(last=False)
             return
         raise RuntimeError(f"could not write the public view of {request_id}: {attempts} concurrent writes won")
 
-    async def _publish_owed(self, record: RequestRecord) -> list[str]:
-        """Publish the verdict and the report if the record owes them; the flags to mark then (the
-        caller marks them, once whatever else must come first is done too)."""
+    async def _publish_owed(self, record: RequestRecord, promised: list[str] | tuple[str, ...] = (), *,
+                            again: bool = False) -> list[str]:
+        """Publish the verdict and the report if the record owes them, or its write ``promised``
+        them (marked them published before they are), or ``again``: whatever it marks published; the
+        flags published (the caller marks those still unmarked, once whatever else must come first
+        is done too)."""
         rid = record.request_id
+
+        def owes(flag: str) -> bool:
+            return not getattr(record, flag) or flag in promised or again
+
         with bound(request_id=rid, stage=Stage.aggregate.value):
             # Both at once when both are owed (a request that failed before the benchmark), then
             # one mark for both; a crash in between publishes them again, and the streams keep one.
             owed: dict[str, Awaitable[None]] = {}
-            if record.verdict is not None and not record.verdict_published:
+            if record.verdict is not None and owes("verdict_published"):
                 owed["verdict_published"] = self._publish_once(
                     self.s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
-            if record.report is not None and not record.report_published:
+            if record.report is not None and owes("report_published"):
                 owed["report_published"] = self._publish_once(
                     self.s.report(rid), record.report, f"{rid}:aggregate:report",
                     wait_a_turn="verdict_published" in owed)
@@ -663,8 +688,45 @@ async def _after_a_turn() -> None:
     await asyncio.sleep(0)
 
 
-#: An update waiting for its request's next write: (mutate, create, new, the caller's future).
-_Queued = tuple[Callable[[RequestRecord], bool | None], bool, bool, "asyncio.Future[RequestRecord | None]"]
+@dataclass
+class _Queued:
+    """An update waiting for its request's next write."""
+
+    mutate: Callable[[RequestRecord], bool | None]
+    #: Create the record if there is none.
+    create: bool
+    #: The request's first event: its record most likely does not exist yet (a create, no read first).
+    new: bool
+    #: Set once the write is done (the caller waits for it, or a message's ack does).
+    done: asyncio.Future[RequestRecord | None]
+    #: Whoever queued it sees it through: a message that comes back if this write, or what the
+    #: write publishes, fails (or an update that can claim nothing: progress). A write made only of
+    #: such updates marks the verdict and report published in the write that claims them (one
+    #: write less a request); the sweeper's updates mark them once they are out (`_write`).
+    retried: bool = False
+    #: A redelivered message or a dead letter: its last handling may have died between the write
+    #: that marked the verdict published and the publishing, so what is marked is published again
+    #: (the verdict and report streams keep one message per subject).
+    again: bool = False
+
+
+def _promising(mutate: Callable[[RequestRecord], bool | None], promised: list[str]) -> Callable[[RequestRecord], bool]:
+    """``mutate``, then the verdict and the report it makes owed marked published in the same write,
+    their flags listed in ``promised`` (for the publishing that follows the write: `_publish_owed`)."""
+
+    def apply(record: RequestRecord) -> bool:
+        promised.clear()  # a compare-and-set that lost applies it again, to the record read anew
+        if mutate(record) is False:
+            return False
+        if record.verdict is not None and report_ready(record):
+            record.report = build_report(record)
+        for flag, owed in (("verdict_published", record.verdict), ("report_published", record.report)):
+            if owed is not None and not getattr(record, flag):
+                setattr(record, flag, True)
+                promised.append(flag)
+        return True
+
+    return apply
 
 
 def _unchanged(record: RequestRecord) -> bool:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from services.aggregator import service as agg
 from services.aggregator.verdicts import build_report, report_ready
 from shared.events import (
@@ -126,7 +128,7 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatc
     monkeypatch.setattr(agg, "LINGER_S", 0.0)
     aggregator = agg.Aggregator(SimpleNamespace(subjects=Subjects()))  # type: ignore[arg-type]
 
-    async def update(rid: str, mutate: object, create: bool = True) -> RequestRecord:
+    async def update(rid: str, mutate: object, create: bool = True, **_: object) -> RequestRecord:
         return RequestRecord(request_id=rid, status="completed" if rid.startswith("done") else "running")
 
     aggregator.update = update  # type: ignore[method-assign]
@@ -288,8 +290,9 @@ class RecordingBus:
 class Delivered:
     """What the aggregator's handler sees of a message: its subject, and what its ack waits for."""
 
-    def __init__(self, subject: str) -> None:
+    def __init__(self, subject: str, deliveries: int = 1) -> None:
         self.subject = subject
+        self.deliveries = deliveries
         self.acked_after: Any = None
 
     def ack_after(self, written: Any) -> None:
@@ -352,7 +355,7 @@ async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatc
     await aggregator.update("r1", lambda record: None)  # a change under way: its view lingers
     assert "r1" in aggregator._status_later._waiting
     await aggregator.on_event(CancelRequested(request_id="r1"),
-                              SimpleNamespace(subject=bus.subjects.cancel))  # type: ignore[arg-type]
+                              Delivered(bus.subjects.cancel))  # type: ignore[arg-type]
     last = bus.status.puts[-1][1]
     assert last.status == "cancelled" and last.cancel_requested, "a cancel's view is written at once"
     assert "r1" not in aggregator._status_later._waiting, "the superseded view's timer is left to wake"
@@ -361,11 +364,11 @@ async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatc
     assert bus.status.puts[-1][1].status == "cancelled", "no older view written after the final one"
 
 
-async def test_a_pre_check_failure_is_one_record_write_and_its_mark(monkeypatch: Any) -> None:
+async def test_a_pre_check_failure_is_one_record_write(monkeypatch: Any) -> None:
     """The request, the data stage's refusal and the judge's verdict arriving together: the verdict
-    takes the two lingering events along, one create (no read) claims it, then the mark; the two
-    earlier messages are acked once that write is done. A lingering write that fails leaves its
-    events' messages to be retried."""
+    takes the two lingering events along, and one create (no read) claims it and marks it published
+    (the three messages come back if what follows fails); the two earlier messages are acked once
+    that write is done. A lingering write that fails leaves its events' messages to be retried."""
     from shared.events import DataResult, EvalRequested, JudgeResult
 
     bus = RecordingBus()
@@ -384,7 +387,7 @@ async def test_a_pre_check_failure_is_one_record_write_and_its_mark(monkeypatch:
         await aggregator.on_event(event, delivered)  # type: ignore[arg-type]
     assert isinstance(events[2][0], JudgeResult) and events[2][1].acked_after is None
     assert all(delivered.acked for _, delivered in events)
-    assert kv.gets == 0 and kv.data["r1"][1] == 2, "more than a create and a mark"
+    assert kv.gets == 0 and kv.data["r1"][1] == 1, "more than one write"
     record = RequestRecord.model_validate_json(kv.data["r1"][0])
     assert record.task == CONTEXT.task and record.stages["data"].ok is False
     assert record.verdict_published and record.report_published and kv.opened["r1"] is False
@@ -457,15 +460,53 @@ async def test_a_record_says_it_is_open_until_its_verdict_and_report_are_out() -
     await aggregator._write_owed("r1")  # its linger over
     assert kv.opened["r1"] is True
     await aggregator.on_event(CancelRequested(request_id="r1"),
-                              SimpleNamespace(subject=bus.subjects.cancel))  # type: ignore[arg-type]
+                              Delivered(bus.subjects.cancel))  # type: ignore[arg-type]
     assert bus.published == [bus.subjects.verdict("r1"), bus.subjects.report("r1")]
     stored, revision = kv.data["r1"]
-    assert revision == 3 and kv.opened["r1"] is False, "created, claimed (open), then marked done"
+    assert revision == 2 and kv.opened["r1"] is False, "created, then claimed and marked done"
     assert "revision" not in json.loads(stored)
     assert [v.revision for _, v in bus.status.puts] == [2], "one view: the final one, of the claiming write"
     aggregator._records.clear()
     record, _ = await aggregator.get("r1")
-    assert record is not None and record.revision == 3
+    assert record is not None and record.revision == 2
+
+
+async def test_a_verdict_marked_published_by_a_write_that_died_is_published_by_the_redelivery() -> None:
+    """A message's write marks the verdict and report published before they are; the handling dies
+    before publishing them (here: the publish fails), its message comes back, and the redelivery
+    publishes what the record says is published. The sweeper's claims, which no message brings
+    back, are marked only once they are out."""
+
+    class FailingOnce(RecordingBus):
+        failed = False
+
+        async def publish(self, subject: str, event: object, msg_id: str) -> None:
+            if not self.failed:
+                self.failed = True
+                raise ConnectionError("the server went away")
+            await super().publish(subject, event, msg_id)
+
+    bus = FailingOnce()
+    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
+    kv = MemoryKV()
+    aggregator._kv = kv  # type: ignore[assignment]
+    s = bus.subjects
+    verdict = judge_result(decision=False, expects_test=False).model_copy(update={"request_id": "r1"})
+    with pytest.raises(ConnectionError):
+        await aggregator.on_event(verdict, Delivered(s.judge_completed))  # type: ignore[arg-type]
+    stored = RequestRecord.model_validate_json(kv.data["r1"][0])
+    assert stored.verdict_published and stored.report_published and s.verdict("r1") not in bus.published
+    await aggregator.on_event(verdict, Delivered(s.judge_completed, deliveries=2))  # type: ignore[arg-type]
+    # (The report, published beside the failed verdict the first time, goes again: its stream keeps one.)
+    assert bus.published.count(s.verdict("r1")) == 1 and set(bus.published) == {s.verdict("r1"), s.report("r1")}, (
+        "the redelivery did not publish the verdict")
+
+    # The sweeper (a stuck request): claimed, published, then marked.
+    await aggregator.update("r2", lambda record: None)
+    written = kv.data["r2"][1]
+    await aggregator.update("r2", lambda record: agg._claim(record, agg.error_verdict(record, "data", "stuck")))
+    assert kv.data["r2"][1] == written + 2 and kv.opened["r2"] is False
+    assert bus.published[-2:] == [s.verdict("r2"), s.report("r2")]
 
 
 def test_an_event_is_believed_only_on_its_own_subjects() -> None:
