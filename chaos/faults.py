@@ -3,6 +3,8 @@
     kill_worker       SIGKILL a random stage worker, start it again after a pause
     stop_worker       SIGSTOP a train or bench worker past ack_wait, then SIGCONT (a zombie that acks late)
     restart_aggregator SIGTERM an aggregator and start it again
+    kill_aggregator   SIGKILL an aggregator, start it again after a pause (what it had claimed but not
+                      published, and the events it held unwritten, come back with their messages)
     kill_leader       SIGKILL the node that leads the events stream, start it again after a pause
     kill_leader_after_ack  submit, and SIGKILL the events leader the moment the submit is acknowledged
     kill_node         SIGKILL a random node, start it again after a pause
@@ -27,7 +29,7 @@ from chaos.services import Services
 FULL_SCHEDULE: list[tuple[float, str]] = [
     (15, "kill_worker"), (30, "stop_worker"), (50, "restart_aggregator"), (70, "kill_leader"),
     (95, "kill_worker"), (105, "kill_leader_after_ack"), (125, "kill_node"), (150, "stop_worker"),
-    (175, "restart_cluster"), (210, "kill_worker"), (225, "restart_aggregator"), (245, "kill_leader"),
+    (175, "restart_cluster"), (210, "kill_worker"), (225, "kill_aggregator"), (245, "kill_leader"),
     (270, "kill_node"), (290, "kill_leader_after_ack"), (305, "kill_worker"), (320, "stop_worker"),
 ]
 SMOKE_SCHEDULE: list[tuple[float, str]] = [
@@ -102,6 +104,17 @@ class Faults:
         finally:
             victim.held = False
         return f"restarted {victim.name}"
+
+    async def kill_aggregator(self) -> str:
+        victim = self.rng.choice([s for s in self.services.of("aggregate") if s.alive()])
+        victim.held = True
+        try:
+            await asyncio.to_thread(victim.kill)
+            await asyncio.sleep(2)
+            victim.start()
+        finally:
+            victim.held = False
+        return f"SIGKILL {victim.name}, restarted"
 
     # ------------------------------------------------------------------ nodes
 
