@@ -78,8 +78,11 @@ class Faults:
     # ------------------------------------------------------------------ workers
 
     async def kill_worker(self) -> str:
-        victim = self.rng.choice([s for s in self.services.all if s.stage != "aggregate" and s.alive()])
-        victim.held = True
+        return await self._kill_and_restart([s for s in self.services.all if s.stage != "aggregate" and s.alive()])
+
+    async def _kill_and_restart(self, candidates: list[Any]) -> str:
+        victim = self.rng.choice(candidates)
+        victim.held = True  # the supervisor leaves it to us
         try:
             await asyncio.to_thread(victim.kill)
             await asyncio.sleep(2)
@@ -106,15 +109,7 @@ class Faults:
         return f"restarted {victim.name}"
 
     async def kill_aggregator(self) -> str:
-        victim = self.rng.choice([s for s in self.services.of("aggregate") if s.alive()])
-        victim.held = True
-        try:
-            await asyncio.to_thread(victim.kill)
-            await asyncio.sleep(2)
-            victim.start()
-        finally:
-            victim.held = False
-        return f"SIGKILL {victim.name}, restarted"
+        return await self._kill_and_restart([s for s in self.services.of("aggregate") if s.alive()])
 
     # ------------------------------------------------------------------ nodes
 
