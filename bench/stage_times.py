@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -40,6 +43,7 @@ from shared.events import Progress, Stage, TaskSpec  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
 console = Console(stderr=True)
+T = TypeVar("T")
 TASKS = {
     "lora": TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"]),
     "full": TaskSpec(base_model="tiny-llama", benchmark="tiny-arith", involving_datasets=["tiny-qa"]),
@@ -75,6 +79,20 @@ async def one_request(client: FtbusClient, example: str, scratch: Path) -> dict[
     return times
 
 
+async def unless_stopped(work: Coroutine[Any, Any, T], services: asyncio.Task[Any]) -> T:
+    """``work``, unless the services stop first: workers that refuse to start (no Docker engine
+    for the sandbox, say) raise their error here, rather than leave ``work`` waiting for a verdict."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, services}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    services.result()  # their error, if they failed
+    raise RuntimeError("the services stopped before the request had its verdict")
+
+
 async def measure(settings: Settings, example: str, scratch: Path) -> dict[str, dict[str, float]]:
     from ftbus.cli import run_services
     from shared.bus import Bus
@@ -94,7 +112,7 @@ async def measure(settings: Settings, example: str, scratch: Path) -> dict[str, 
                 client = FtbusClient(bus)
                 for name in runs:
                     console.print(f"request: {name}")
-                    results[name] = await one_request(client, example, scratch)
+                    results[name] = await unless_stopped(one_request(client, example, scratch), services)
                     console.print(f"  {results[name]}")
             finally:
                 stop.set()
