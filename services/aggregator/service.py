@@ -322,12 +322,14 @@ class Aggregator:
 
     async def _cas(
         self, request_id: str, mutate: Callable[[RequestRecord], bool | None], *, create: bool, attempts: int,
-        new: bool = False,
+        new: bool = False, promised: list[str] | None = None,
     ) -> tuple[RequestRecord | None, bool]:
         """Compare-and-set loop: (the record as written, True), (the record unchanged, False) when
         ``mutate`` returns False, or (None, False) with no record and ``create`` off. Starts from the
         remembered record when there is one (no read); ``new`` (a request's first event): from no
-        record (a create, no read; a create that finds one reads it and tries again); else reads it."""
+        record (a create, no read; a create that finds one reads it and tries again); else reads it.
+        ``promised`` (a write of messages' updates, `_write`): the verdict and report the write makes
+        owed are marked published in it, their flags listed there for the publishing that follows."""
         kv = await self.kv()
         for attempt in range(attempts):
             remembered = self._records.pop(request_id, None)
@@ -347,6 +349,8 @@ class Aggregator:
                 return record, False
             if record.verdict is not None and report_ready(record):
                 record.report = build_report(record)
+            if promised is not None:
+                promised[:] = _promise(record)  # a lost compare-and-set promises again, from the record read anew
             record.updated_at = utcnow()
             data = record.stored_json()
             # Open until its verdict and report are out and marked: the sweeper follows this.
@@ -417,16 +421,15 @@ class Aggregator:
 
     async def _write(self, request_id: str, batch: list[_Queued]) -> RequestRecord | None:
         mutate_all = _all_of([queued.mutate for queued in batch])
+        # Messages that come back if this fails: the write that claims the verdict (or builds the
+        # report) marks it published too, and a redelivery publishes it again (`again`).
         promised: list[str] = []
-        if all(queued.retried for queued in batch):
-            # Messages that come back if this fails: the write that claims the verdict (or builds
-            # the report) marks it published too, and a redelivery publishes it again (`again`).
-            mutate_all = _promising(mutate_all, promised)
         try:
             # ``new``: the batch holds the request's first event, so the record most likely does not
             # exist yet (a create, no read first).
             record, changed = await self._cas(request_id, mutate_all, create=any(q.create for q in batch),
-                                              new=any(q.new for q in batch), attempts=100)
+                                              new=any(q.new for q in batch), attempts=100,
+                                              promised=promised if all(q.retried for q in batch) else None)
         except _Contention as exc:
             raise RuntimeError(f"could not update the record of {request_id}: too much contention") from exc
         if record is None or not changed:
@@ -710,23 +713,14 @@ class _Queued:
     again: bool = False
 
 
-def _promising(mutate: Callable[[RequestRecord], bool | None], promised: list[str]) -> Callable[[RequestRecord], bool]:
-    """``mutate``, then the verdict and the report it makes owed marked published in the same write,
-    their flags listed in ``promised`` (for the publishing that follows the write: `_publish_owed`)."""
-
-    def apply(record: RequestRecord) -> bool:
-        promised.clear()  # a compare-and-set that lost applies it again, to the record read anew
-        if mutate(record) is False:
-            return False
-        if record.verdict is not None and report_ready(record):
-            record.report = build_report(record)
-        for flag, owed in (("verdict_published", record.verdict), ("report_published", record.report)):
-            if owed is not None and not getattr(record, flag):
-                setattr(record, flag, True)
-                promised.append(flag)
-        return True
-
-    return apply
+def _promise(record: RequestRecord) -> list[str]:
+    """Mark the verdict and the report the record owes as published (before they are); their flags."""
+    flags = []
+    for flag, owed in (("verdict_published", record.verdict), ("report_published", record.report)):
+        if owed is not None and not getattr(record, flag):
+            setattr(record, flag, True)
+            flags.append(flag)
+    return flags
 
 
 def _unchanged(record: RequestRecord) -> bool:
