@@ -436,14 +436,14 @@ class Aggregator:
             return record
         if record.terminal:
             self._last_progress_write.pop(request_id, None)  # its progress is over
-        # The public view and what the record owes are independent writes: both at once, the
-        # verdict first (the user waits for it). The sweeper's mark comes after both: a record
-        # marked done has its final view written, so the sweeper, which looks only at open
-        # records, never needs to write it again (a promise broken by a crash is kept by the
-        # redelivery, which writes the view again).
+        # The final view before the verdict: whoever has the verdict then finds it in `ftbus status`
+        # (a view under way only lingers here, without a round trip). The sweeper's mark comes
+        # after both: a record marked done has its final view written, so the sweeper, which looks
+        # only at open records, never needs to write it again (a promise broken by a crash is kept
+        # by the redelivery, which writes the view again).
         again = any(queued.again for queued in batch)
-        published, _ = await together(self._publish_owed(record, promised, again=again),
-                                      self._publish_status(record))
+        await self._publish_status(record)
+        published = await self._publish_owed(record, promised, again=again)
         unmarked = [flag for flag in published if not getattr(record, flag)]
         if unmarked:
             await self._mark(request_id, *unmarked)
