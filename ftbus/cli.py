@@ -411,7 +411,12 @@ def watch(
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Follow every request: progress events and verdicts as they happen (Ctrl-C stops)."""
+    """Follow every request: progress events and verdicts as they happen (Ctrl-C stops).
+
+    A stage shows once it has run for a second or reports progress (training steps, the benchmark's
+    splits); one over sooner (a pre-check's refusal, a judgement by the rules) shows only in the
+    verdict, and with its timings in `ftbus status ID`.
+    """
     settings = _settings(config, nats_url)
 
     async def main() -> int:

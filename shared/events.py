@@ -202,6 +202,15 @@ class DataSummary(Model):
     llm_usage: LlmUsage | None = None
 
 
+class StageRun(Model):
+    """Which handling of a message made a stage's result, and when it started: the worker's
+    runtime stamps every result it publishes with it. A stage that ends within a second announces
+    no progress (shared/runtime.py), so its result is where its start and attempt are told."""
+
+    started_at: datetime
+    attempt: int = Field(ge=1)
+
+
 class StageResult(Event):
     """What every stage that runs candidate code publishes: success or where and why it failed,
     with the request and the data stage's summary carried along."""
@@ -211,6 +220,7 @@ class StageResult(Event):
     data: DataSummary
     failed_stage: FailedStage | None = None
     error: str | None = None
+    run: StageRun | None = None
 
 
 class DataResult(StageResult):
@@ -343,6 +353,7 @@ class JudgeResult(Event):
     sandbox: str | None = None
     #: What process_data.py spent on LLM calls through the gateway.
     llm_usage: LlmUsage | None = None
+    run: StageRun | None = None
 
 
 VerdictStatus = Literal["completed", "error", "cancelled"]

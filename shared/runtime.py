@@ -27,7 +27,7 @@ import contextlib
 import functools
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
 from shared.consumer import Slot, consume
-from shared.events import CancelRequested, DeadLetter, Progress, Stage
+from shared.events import CancelRequested, DeadLetter, Progress, Stage, StageRun
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
 from shared.runner import LocalRunner, Runner, reap_orphans
@@ -88,6 +88,13 @@ class StageContext:
     acked_after: asyncio.Future[Any] | None = None
     #: Whether the handler asked for its working folder (only then is it looked for, and deleted, after).
     workdir_used: bool = False
+    #: When the handler started (its results say so: :class:`~shared.events.StageRun`).
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    #: What announces this message's start (the worker's policies: progress ``started``); see
+    #: :meth:`announce`. None: nothing to announce.
+    announcer: Callable[[], Awaitable[None]] | None = None
+    #: Whether the start was announced (then its end is too: ``finished``, ``failed``).
+    announced: bool = False
 
     @property
     def workdir(self) -> Path:
@@ -117,7 +124,23 @@ class StageContext:
         message meanwhile. Until then the message is unacked, so a crash redelivers it."""
         self.acked_after = written
 
+    async def announce(self) -> None:
+        """Announce this message's start, once. The worker does it when the handler has run for
+        ``StageWorker.FIRST_LOOK_S``, or sooner when the handler reports progress of its own: a
+        handler over sooner (a pre-check, a judgement by the rules, each of the aggregator's
+        events) announces nothing, and its result tells its start instead (``StageRun``). That
+        keeps four progress messages off each quick request (bench/precheck_burst.py), and
+        nobody can watch a stage that lasts milliseconds anyway."""
+        if self.announced:
+            return
+        self.announced = True
+        if self.announcer is not None:
+            await self.announcer()
+
     async def progress(self, state: str = "running", **fields: Any) -> None:
+        """Progress for clients and dashboards (core NATS, at most once); the start goes first."""
+        if not self.announced and state != "started":
+            await self.announce()
         event = Progress(request_id=self.request_id, stage=self.stage, state=state, **fields)  # type: ignore[arg-type]
         await self.bus.publish_core(self.subjects.progress(self.request_id), event)
 
@@ -178,7 +201,8 @@ class Policy:
         return False
 
     async def started(self, ctx: StageContext) -> None:
-        """The handler has just started (its task is created; this runs before its results go out)."""
+        """The handler's start is announced: it has run for ``StageWorker.FIRST_LOOK_S``, or reported
+        progress sooner (:meth:`StageContext.announce`). A handler over sooner is not announced."""
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
         """Once the handler has run for ``StageWorker.FIRST_LOOK_S`` (beside it, not before it), then
@@ -192,7 +216,7 @@ class Policy:
         """The handler returned; its events are about to be published (beside this)."""
 
     async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        """The events are published and the message acked."""
+        """The events are published and the message acked (whether or not its start was announced)."""
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
         """The handler raised: the message is naked for another attempt."""
@@ -298,12 +322,15 @@ class SkipCancelled(Policy):
 
 
 class AnnounceProgress(Policy):
-    """Started / finished / failed / retrying progress events for clients and dashboards."""
+    """Started / finished / failed / retrying progress events for clients and dashboards: the end
+    of what was announced as started (a quick handler's result says it all: StageContext.announce)."""
 
     async def started(self, ctx: StageContext) -> None:
         await ctx.progress("started", message=f"attempt {ctx.deliveries}")
 
     async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        if not ctx.announced:
+            return
         ok = all(not out.kind.endswith("failed") for out in outgoing)
         await ctx.progress("finished" if ok else "failed", message=", ".join(o.kind for o in outgoing))
 
@@ -468,6 +495,7 @@ class StageWorker:
             self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
             self.bus.settings.work / self.stage.value / f"{request_id}-{deliveries}", subject=msg.subject, slot=slot,
         )
+        ctx.announcer = functools.partial(self._announce, ctx)
         try:
             await self._handle_in(ctx, msg, event)
         finally:
@@ -484,13 +512,9 @@ class StageWorker:
 
     async def _handle_in(self, ctx: StageContext, msg: Msg, event: Any) -> None:
         request_id, deliveries = ctx.request_id, ctx.deliveries
-        self._note("stage started", delivery=deliveries, subject=msg.subject)
         task = asyncio.create_task(self.handler(event, ctx))
         self._running[request_id] = task
-        # Announced beside the handler's start, and before its results: publishing only queues the
-        # event (nats-py writes it at its flusher's next turn, unless its buffer is full).
-        await self._announce(ctx)
-        heartbeat = _Heartbeat(self, msg, ctx)
+        heartbeat = _Heartbeat(self, msg, ctx)  # its first look announces the start
         returned = False
         try:
             outgoing = await task
@@ -500,7 +524,8 @@ class StageWorker:
                 # The user cancelled it: the aggregator publishes the verdict; the work is over.
                 log.info("stage cancelled by request")
                 await msg.ack()
-                await ctx.progress("failed", message="cancelled")
+                if ctx.announced:
+                    await ctx.progress("failed", message="cancelled")
                 return
             # This worker is shutting down: let another one take the message at once.
             with contextlib.suppress(Exception):
@@ -520,6 +545,7 @@ class StageWorker:
             heartbeat.stop()
             if not returned:  # else awaited once the results are out: it can only end, not beat again
                 await heartbeat.ended()
+        _stamp(outgoing, ctx)
         try:
             # The stored result and the published events go out together, then the ack. Either
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
@@ -542,7 +568,11 @@ class StageWorker:
             await heartbeat.ended()
         for policy in self.policies:
             await policy.finished(ctx, outgoing)
-        self._note("stage finished", published=[o.subject for o in outgoing])
+        # One line for a quick handling (its start was never announced, nor logged), so it says
+        # which delivery of what it was and how long it took.
+        self._note("stage finished", delivery=deliveries, subject=msg.subject,
+                   seconds=round((datetime.now(UTC) - ctx.started_at).total_seconds(), 3),
+                   published=[o.subject for o in outgoing])
 
     def _ack_when_done(self, msg: Msg, written: asyncio.Future[Any], deliveries: int) -> None:
         async def ack() -> None:
@@ -577,7 +607,9 @@ class StageWorker:
         return float(steps[min(deliveries - 1, len(steps) - 1)])
 
     async def _announce(self, ctx: StageContext) -> None:
-        """The policies' ``started`` (progress is best effort: the stage runs on if it fails)."""
+        """The policies' ``started`` (progress is best effort: the stage runs on if it fails).
+        Called once, by :meth:`StageContext.announce`; the start is logged then too."""
+        self._note("stage started", delivery=ctx.deliveries, subject=ctx.subject)
         try:
             for policy in self.policies:
                 await policy.started(ctx)
@@ -604,7 +636,8 @@ class _Heartbeat:
     """One message's heartbeat while its handler runs: nothing until the handler has run
     ``StageWorker.FIRST_LOOK_S`` (a timer, not a task: most light handlers are over sooner, and a
     task per message that slept and was then cancelled cost each hop a few percent of its CPU), then
-    a task that beats: the policies' first look at once, then ``in_progress()`` and a look every
+    a task that beats: the start's announcement (StageContext.announce) and the policies' first look
+    at once, then ``in_progress()`` and a look every
     ``heartbeat_s``, so that ack_wait only expires when the worker is really gone, until :meth:`stop`.
 
     The beats end on the flag :meth:`stop` clears, not only on the task's cancellation: Python
@@ -616,7 +649,7 @@ class _Heartbeat:
     def __init__(self, worker: StageWorker, msg: Msg, ctx: StageContext) -> None:
         settings = worker.bus.settings
         self._interval = min(settings.heartbeat_s, settings.ack_wait_s / 3)
-        self._worker, self._msg, self._request_id = worker, msg, ctx.request_id
+        self._worker, self._msg, self._ctx, self._request_id = worker, msg, ctx, ctx.request_id
         self._beating = True
         self._task: asyncio.Task[None] | None = None
         # The timer's callback runs in this context (contextvars): its beats log the request and stage.
@@ -630,7 +663,9 @@ class _Heartbeat:
         first = True
         while self._beating:
             try:
-                if not first:
+                if first:
+                    await self._ctx.announce()
+                else:
                     await self._msg.in_progress()
                 for policy in self._worker.policies:
                     if not self._beating:
@@ -652,6 +687,15 @@ class _Heartbeat:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+def _stamp(outgoing: list[Outgoing], ctx: StageContext) -> None:
+    """Each result says which handling made it, and when that started (StageRun): the record's
+    timeline reads a stage's start and attempts there when the stage was over before it was
+    announced. Before the payloads are encoded (Outgoing.payload, once)."""
+    for out in outgoing:
+        if "run" in type(out.event).model_fields:
+            out.event.run = StageRun(started_at=ctx.started_at, attempt=ctx.deliveries)  # type: ignore[attr-defined]
 
 
 def _cleanup(workdir: Path) -> None:

@@ -51,6 +51,7 @@ from shared.events import (
     JudgeResult,
     Progress,
     Stage,
+    StageRun,
     TrainResult,
     utcnow,
 )
@@ -536,15 +537,15 @@ class Aggregator:
             if not owed:
                 return []
             await together(*owed.values())
+            # One line for what went out together.
+            said: dict[str, Any] = {}
             if record.verdict is not None and "verdict_published" in owed:
-                log.info(
-                    "verdict published",
-                    status=record.verdict.status,
-                    final_decision=record.verdict.final_decision,
-                    failed_stage=record.verdict.failed_stage,
-                )
+                said.update(status=record.verdict.status, final_decision=record.verdict.final_decision,
+                            failed_stage=record.verdict.failed_stage)
             if record.report is not None and "report_published" in owed:
-                log.info("report published", has_test=record.report.benchmark_test is not None)
+                said["has_test"] = record.report.benchmark_test is not None
+            what = " and ".join(flag.removesuffix("_published") for flag in owed)
+            log.info(f"{what} published", **said)
             return list(owed)
 
     async def _publish_once(self, subject: str, event: Any, msg_id: str, *, wait_a_turn: bool = False) -> None:
@@ -800,9 +801,21 @@ def _on_request(record: RequestRecord, event: EvalRequested) -> None:
     record.submitted_at = event.context.submitted_at
 
 
+def _ran(timing: StageTiming, run: StageRun | None) -> None:
+    """A stage's start and attempt as its result tells them (a stage over within a second announces
+    no start: shared/runtime.py). The earliest start stands: a long stage's announced start came
+    a second after the handler's, and a retry's start is not the stage's."""
+    if run is None:
+        return
+    timing.attempts = max(timing.attempts, run.attempt)
+    if timing.started_at is None or run.started_at < timing.started_at:
+        timing.started_at = run.started_at
+
+
 def _on_stage_result(record: RequestRecord, event: DataResult | TrainResult | BenchResult) -> None:
     stage = RESULT_STAGE[type(event)].value
     timing = _timing(record, stage)
+    _ran(timing, event.run)
     timing.finished_at = event.emitted_at
     timing.ok = event.ok
     if record.verdict is None:
@@ -823,6 +836,7 @@ def _on_test(record: RequestRecord, event: BenchResult) -> None:
 
 def _on_judge(record: RequestRecord, event: JudgeResult) -> None:
     timing = _timing(record, Stage.judge.value)
+    _ran(timing, event.run)
     timing.finished_at = event.emitted_at
     timing.ok = True
     record.judge = event

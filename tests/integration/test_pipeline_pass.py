@@ -75,5 +75,7 @@ async def test_watch_follows_progress_and_verdicts(pipeline: Pipeline, tmp_path:
     rid = await pipeline.client.submit(write_workspace(tmp_path / "ws"), TASK)
     await asyncio.wait_for(watcher, timeout=120)
     stages = {p.stage for p in seen if isinstance(p, Progress) and p.request_id == rid}
-    assert {"data", "train", "bench", "judge"} <= stages
+    # The stages that run a while (or report progress) are followed; a judgement by the rules is
+    # over in milliseconds, announces nothing, and shows in the verdict (shared/runtime.py).
+    assert {"data", "train", "bench"} <= stages
     assert isinstance(seen[-1], Verdict) and seen[-1].request_id == rid

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 import msgpack
 import pytest
@@ -210,42 +211,63 @@ async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus:
 
 
 
-async def test_a_stage_announces_its_start_before_its_result_and_stores_the_bytes_it_published(bus: Bus) -> None:
-    """"started" is announced beside the handler, not before it (one step less on every hop,
-    docs/design.md §9). A listener still sees it before the stage's result, even from a handler
-    that returns without ever waiting; and the stored copy is the very bytes that were published
-    (each event is encoded once)."""
-    seen: list[str] = []
-    result_data: list[bytes] = []
+async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_and_stores_the_bytes_it_published(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler over before FIRST_LOOK_S announces no progress (four messages less on each quick
+    request, docs/design.md §9): its result says when it started and which attempt it was
+    (StageRun), and the stored copy is the very bytes that were published (each event is encoded
+    once). A handler that runs longer is announced at its first look, before its result, and its
+    end after; one that reports progress of its own sooner has its start announced first."""
+    monkeypatch.setattr(StageWorker, "FIRST_LOOK_S", 0.3)
+    seen: dict[str, list[str]] = {}
+    result_data: dict[str, bytes] = {}
 
     async def on_progress(msg: object) -> None:
         event = codec.decode(msg.data)  # type: ignore[attr-defined]
-        seen.append(f"progress {event.state}")
+        seen.setdefault(event.request_id, []).append(f"progress {event.state}")
 
     async def on_result(msg: object) -> None:
-        seen.append("result")
-        result_data.append(msg.data)  # type: ignore[attr-defined]
+        rid = codec.decode(msg.data).request_id  # type: ignore[attr-defined]
+        seen.setdefault(rid, []).append("result")
+        result_data[rid] = msg.data  # type: ignore[attr-defined]
+
+    began: dict[str, datetime] = {}
 
     async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]  # never waits
+        began[event.request_id] = datetime.now(UTC)
+        if event.request_id == "slow-1":
+            await asyncio.sleep(0.8)
+        if event.request_id == "talks-1":
+            await ctx.progress(step=1, total=2)
+        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
 
     # One connection for both subjects: the server keeps one sender's order for one receiver.
-    subs = [await bus.nc.subscribe(bus.subjects.progress("order-1"), cb=on_progress),
+    subs = [await bus.nc.subscribe(bus.subjects.progress(), cb=on_progress),
             await bus.nc.subscribe(bus.subjects.train_completed, cb=on_result)]
     await bus.nc.flush()
     stage = TrainStage(bus, handle, stage_policies())
     try:
-        await send(bus, "order-1")
-        await poll(lambda: acked(bus), "the message acknowledged", timeout_s=60)
-        await poll(lambda: _true(len(seen) >= 3), "the progress and the result heard", timeout_s=30)
+        for rid in ("quick-1", "slow-1", "talks-1"):
+            await send(bus, rid)
+            await poll(lambda: acked(bus), f"{rid} acknowledged", timeout_s=60)
+        await poll(lambda: _true(len(seen.get("slow-1", [])) >= 3 and len(seen.get("talks-1", [])) >= 4),
+                   "the progress and the results heard", timeout_s=30)
+        await asyncio.sleep(0.5)  # a late progress message of the quick one would be here by now
     finally:
         await stage.close()
         for sub in subs:
             await sub.unsubscribe()
-    assert seen == ["progress started", "result", "progress finished"]
+    assert seen["quick-1"] == ["result"]
+    assert seen["slow-1"] == ["progress started", "result", "progress finished"]
+    assert seen["talks-1"] == ["progress started", "progress running", "result", "progress finished"]
+    for rid, data in result_data.items():
+        run = codec.decode(data).run
+        assert run is not None and run.attempt == 1, rid
+        assert abs((run.started_at - began[rid]).total_seconds()) < 0.1, rid
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
-    stored = msgpack.unpackb((await kv.get("order-1.train")).value, raw=False)
-    assert stored == [[bus.subjects.train_completed, "completed", result_data[0]]]
+    stored = msgpack.unpackb((await kv.get("quick-1.train")).value, raw=False)
+    assert stored == [[bus.subjects.train_completed, "completed", result_data["quick-1"]]]
 
 
 async def _true(value: bool) -> bool:

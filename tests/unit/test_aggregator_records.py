@@ -111,6 +111,42 @@ def test_progress_after_the_verdict_does_not_reopen_the_request() -> None:
     assert record.status == "completed"
 
 
+def test_a_stage_that_announced_nothing_gets_its_start_and_attempts_from_its_result() -> None:
+    """A quick stage publishes no progress (shared/runtime.py): its result's StageRun fills the
+    timeline. A long one announced its start a second late; its result's earlier start wins, and
+    a retry's later start never replaces the first attempt's."""
+    from datetime import timedelta
+
+    from shared.events import DataResult, Progress, StageRun, utcnow
+
+    t0 = utcnow()
+    record = RequestRecord(request_id="r1")
+    quick = DataResult(request_id="r1", ok=False, context=CONTEXT, data=DataSummary(),
+                       run=StageRun(started_at=t0, attempt=1))
+    agg._on_stage_result(record, quick)
+    assert record.stages["data"].started_at == t0 and record.stages["data"].attempts == 1
+    assert record.stages["data"].duration_s is not None
+
+    judge = judge_result()
+    judge.run = StageRun(started_at=t0 + timedelta(seconds=2), attempt=3)
+    agg._on_judge(record, judge)
+    assert record.stages["judge"].attempts == 3
+    assert record.stages["judge"].started_at == t0 + timedelta(seconds=2)
+
+    record = RequestRecord(request_id="r2")
+    announced = Progress(request_id="r2", stage=Stage.data, state="started", emitted_at=t0 + timedelta(seconds=1))
+    agg._on_progress(record, announced)
+    late_retry = DataResult(request_id="r2", ok=True, context=CONTEXT, data=DataSummary(),
+                            run=StageRun(started_at=t0 + timedelta(seconds=30), attempt=2))
+    agg._on_stage_result(record, late_retry)
+    assert record.stages["data"].started_at == t0 + timedelta(seconds=1)
+    assert record.stages["data"].attempts == 2
+    first = DataResult(request_id="r2", ok=True, context=CONTEXT, data=DataSummary(),
+                       run=StageRun(started_at=t0, attempt=1))
+    agg._on_stage_result(record, first)
+    assert record.stages["data"].started_at == t0 and record.stages["data"].attempts == 2
+
+
 def test_consumer_names_map_back_to_stages() -> None:
     assert agg._stage_of_consumer("ftbus", "ftbus-train") is Stage.train
     assert agg._stage_of_consumer("ftbus", "ftbus-aggregate-test") is Stage.aggregate
