@@ -80,8 +80,8 @@ class StageContext:
     artifacts: ArtifactStore
     runner: Runner
     deliveries: int
-    #: This message's working folder: see :attr:`workdir`.
-    workdir_path: Path
+    #: The stage's folder of working folders (``<work>/<stage>``): see :attr:`workdir`.
+    workdirs: Path
     subject: str = ""
     slot: Slot | None = None
     #: Set by :meth:`ack_after`: the message is acked once this is done, not when the handler returns.
@@ -102,6 +102,12 @@ class StageContext:
         message is done. Most light messages never ask, and cost no look at the disk after."""
         self.workdir_used = True
         return self.workdir_path
+
+    @property
+    def workdir_path(self) -> Path:
+        """The working folder's path, whether or not the handler asked for it (worked out only
+        when asked: most messages never are)."""
+        return self.workdirs / f"{self.request_id}-{self.deliveries}"
 
     @property
     def settings(self) -> Settings:
@@ -415,6 +421,7 @@ class StageWorker:
             settings.passthrough_env, path_prefix=[toolchain] if toolchain else []
         )
         self.stream = stream or bus.subjects.stream_events
+        self._workdirs = settings.work / stage.value
         self.durable = durable or bus.subjects.durable(stage)
         self.filters = list(filters)
         self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
@@ -493,7 +500,7 @@ class StageWorker:
         request_id: str = event.request_id
         ctx = StageContext(
             self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
-            self.bus.settings.work / self.stage.value / f"{request_id}-{deliveries}", subject=msg.subject, slot=slot,
+            self._workdirs, subject=msg.subject, slot=slot,
         )
         ctx.announcer = functools.partial(self._announce, ctx)
         try:
@@ -504,8 +511,7 @@ class StageWorker:
             # Handlers make the folder only when they need one: the light messages (the
             # aggregator's events, a pre-check, a judgement) never ask for it, and cost neither a
             # look at the disk nor a thread.
-            workdir = ctx.workdir_path
-            if ctx.workdir_used and workdir.exists():
+            if ctx.workdir_used and (workdir := ctx.workdir_path).exists():
                 task = asyncio.create_task(asyncio.to_thread(_cleanup, workdir))
                 self._cleanups.add(task)
                 task.add_done_callback(self._cleanups.discard)

@@ -115,8 +115,8 @@ class FakeBus:
 def fake_context(stage: Stage, settings: Settings, runner: RecordingRunner, request_id: str = "r1",
                  bus: FakeBus | None = None) -> StageContext:
     bus = bus or FakeBus(settings)
-    workdir = settings.work / stage.value / f"{request_id}-1"
-    return StageContext(bus, stage, request_id, bus.stores["artifacts"], runner, 1, workdir)  # type: ignore[arg-type]
+    return StageContext(bus, stage, request_id, bus.stores["artifacts"], runner, 1,  # type: ignore[arg-type]
+                        settings.work / stage.value)
 
 
 async def upload_workspace(store: MemoryArtifacts, folder: Path, request_id: str = "r1") -> list[WorkspaceFile]:
