@@ -430,6 +430,10 @@ class StageWorker:
         #: aggregator's several events per request, which log what they change themselves).
         self._note = log.info if log_each else log.debug
         self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}
+        #: Whether a handler may be stopped alone (:meth:`cancel_running`, by SkipCancelled): then it
+        #: runs as a task of its own. Else it is awaited in its message's task (the aggregator: a
+        #: task less per event), which a stopping worker still cancels.
+        self._cancellable = any(isinstance(policy, SkipCancelled) for policy in self.policies)
         self._cancelled: set[str] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         #: Messages whose ack waits for their handler's later work (StageContext.ack_after).
@@ -464,7 +468,8 @@ class StageWorker:
             await asyncio.wait(list(self._acks_owed), timeout=timeout_s)
 
     def cancel_running(self, request_id: str, reason: str) -> None:
-        """Kill this worker's running handling of ``request_id``, as a cancel (acked, not retried)."""
+        """Kill this worker's running handling of ``request_id``, as a cancel (acked, not retried);
+        nothing on a worker without SkipCancelled, whose handlers are not cancelled one by one."""
         task = self._running.get(request_id)
         if task is not None and not task.done():
             with bound(request_id=request_id, stage=self.stage.value):
@@ -518,12 +523,13 @@ class StageWorker:
 
     async def _handle_in(self, ctx: StageContext, msg: Msg, event: Any) -> None:
         request_id, deliveries = ctx.request_id, ctx.deliveries
-        task = asyncio.create_task(self.handler(event, ctx))
-        self._running[request_id] = task
+        handling: Awaitable[list[Outgoing]] = self.handler(event, ctx)
+        if self._cancellable:  # a task of its own, so that a cancel stops it alone
+            handling = self._running[request_id] = asyncio.create_task(handling)  # type: ignore[arg-type]
         heartbeat = _Heartbeat(self, msg, ctx)  # its first look announces the start
         returned = False
         try:
-            outgoing = await task
+            outgoing = await handling
             returned = True
         except asyncio.CancelledError:
             if request_id in self._cancelled:

@@ -741,41 +741,50 @@ def _all_of(mutations: list[Callable[[RequestRecord], bool | None]]) -> Callable
 
 class _Lingering:
     """Writes owed per request, each written once ``delay_s()`` after it was first owed, however
-    often it is owed meanwhile (``write(key)`` takes what is owed then). ``flush`` on stop: what is
+    often it is owed meanwhile (``write(key)`` takes what is owed then). A timer until then, not a
+    task that sleeps: most are stopped (``forget``: written with the request's next event) long
+    before they fire, and a cancelled task costs a wake-up of its own. ``flush`` on stop: what is
     still waiting is written at once, not lost with the process (best effort)."""
 
     def __init__(self, delay_s: Callable[[], float], write: Callable[[str], Awaitable[None]]) -> None:
         self._delay_s, self._write = delay_s, write
-        self._waiting: dict[str, asyncio.Task[None]] = {}
+        self._waiting: dict[str, asyncio.TimerHandle] = {}
+        #: The writes of the timers that fired, under way.
         self.tasks: set[asyncio.Task[None]] = set()
 
     def owe(self, key: str) -> None:
         if key not in self._waiting:
-            task = asyncio.create_task(self._later(key))
-            self._waiting[key] = task
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._waiting[key] = asyncio.get_running_loop().call_later(self._delay_s(), self._fire, key)
+
+    def _fire(self, key: str) -> None:
+        del self._waiting[key]  # owed again from now on: a write of its own
+        task = asyncio.create_task(self._write(key))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def forget(self, key: str) -> None:
         """What was owed for ``key`` was written another way: its timer is stopped, rather than left
-        to wake for nothing (a pre-check failure's request owed two progress updates and a view,
-        each written with its next event: three wake-ups a request, a burst's worth of tasks)."""
-        task = self._waiting.pop(key, None)
-        if task is not None:
-            task.cancel()
-
-    async def _later(self, key: str) -> None:
-        await asyncio.sleep(self._delay_s())
-        del self._waiting[key]  # owed again from now on: a write of its own
-        await self._write(key)
+        to wake for nothing (a pre-check failure's request owes its arrival and a view, each
+        written with its next event: wake-ups by the burst)."""
+        handle = self._waiting.pop(key, None)
+        if handle is not None:
+            handle.cancel()
 
     async def flush(self, keys: list[str]) -> None:
+        for handle in self._waiting.values():
+            handle.cancel()
+        self._waiting.clear()
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        self._waiting.clear()
         with contextlib.suppress(Exception):
             await asyncio.gather(*(self._write(key) for key in keys))
+
+    async def settled(self) -> None:
+        """Once every write owed now has fired and is done (tests)."""
+        while self._waiting or self.tasks:
+            await asyncio.sleep(0.01)
+            await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 class _Contention(Exception):

@@ -155,7 +155,6 @@ def test_consumer_names_map_back_to_stages() -> None:
 
 async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatch: Any) -> None:
     """The aggregator remembers when it last wrote each request's progress: never forever."""
-    import asyncio
 
     from shared import codec
     from shared.events import Progress
@@ -172,7 +171,7 @@ async def test_the_progress_memory_forgets_finished_and_idle_requests(monkeypatc
         rid = f"done-{i}" if i % 2 else f"run-{i}"
         event = Progress(request_id=rid, stage=Stage.train, state="started")
         await aggregator._on_progress(SimpleNamespace(data=codec.encode(event)))
-    await asyncio.gather(*aggregator._owed_later.tasks)
+    await aggregator._owed_later.settled()
     # Finished requests are forgotten at once; running ones are kept while the memory is small.
     assert not any(rid.startswith("done") for rid in aggregator._last_progress_write)
     assert len(aggregator._last_progress_write) == 3 * agg.PROGRESS_MEMORY // 2
@@ -437,9 +436,8 @@ async def test_a_pre_check_failure_is_one_record_write(monkeypatch: Any) -> None
     aggregator._kv = Broken()  # type: ignore[assignment]
     arrival = Delivered(s.eval_requested)
     await aggregator.on_event(EvalRequested(request_id="r2", context=CONTEXT), arrival)  # type: ignore[arg-type]
-    import asyncio
 
-    await asyncio.gather(*aggregator._owed_later.tasks)
+    await aggregator._owed_later.settled()
     assert arrival.acked_after.done() and isinstance(arrival.acked_after.exception(), RuntimeError), (
         "a lingering write that failed let its message be acked")
 
