@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 from bench.real_tools import real_tool_settings  # noqa: E402
 from ftbus.bus_client import FtbusClient  # noqa: E402
 from ftbus.embedded import EmbeddedServer  # noqa: E402
-from shared.events import Progress, Stage, TaskSpec  # noqa: E402
+from shared.events import Stage, TaskSpec  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
 console = Console(stderr=True)
@@ -62,26 +62,17 @@ def fresh_copy(example: Path, dest: Path) -> Path:
 
 async def one_request(client: FtbusClient, example: str, scratch: Path) -> dict[str, float]:
     ws = fresh_copy(REPO / "examples" / example, scratch / f"ws-{secrets.token_hex(3)}")
-    seen: list[tuple[Progress, float]] = []
     start = time.perf_counter()
     rid = await client.submit(ws, TASKS[example])
-    verdict = await client.wait(rid, on_progress=lambda p: seen.append((p, time.perf_counter())), timeout_s=1800)
+    verdict = await client.wait(rid, timeout_s=1800)
     report = await client.wait(rid, report=True, timeout_s=600)
     total = time.perf_counter() - start
     if verdict.final_decision is not True:
         raise RuntimeError(f"the verdict was not positive: {verdict.execution[-3000:]}")
+    # The report's timeline: each stage from its handling's start (its result's StageRun) to its
+    # result, the quick ones too (a stage over within a second announces no progress).
     times: dict[str, float] = {"total": total}
-    for stage in STAGES:
-        # The report's timeline: each stage from its handling's start (its result's StageRun) to
-        # its result. A stage over within a second announces no progress, so the progress events
-        # alone would miss it (a judgement by the rules, a data cache hit).
-        if stage.value in report.timings:
-            times[stage.value] = report.timings[stage.value]
-            continue
-        began = [p.emitted_at for p, _ in seen if p.stage == stage and p.state == "started"]
-        ended = [p.emitted_at for p, _ in seen if p.stage == stage and p.state == "finished"]
-        if began and ended:
-            times[stage.value] = (ended[-1] - began[0]).total_seconds()
+    times.update({stage.value: report.timings[stage.value] for stage in STAGES if stage.value in report.timings})
     return times
 
 
