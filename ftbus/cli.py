@@ -356,7 +356,8 @@ def status(
         async with await FtbusClient.connect(settings) as client:
             record = await client.status(request_id)
         if record is None:
-            err.print(f"unknown request {request_id}")
+            # The aggregator writes a request's arrival with its next event, or after a second.
+            err.print(f"unknown request {request_id} (one submitted in the last second or two may not show yet)")
             return 2
         if as_json:
             print(record.model_dump_json())

@@ -73,8 +73,18 @@ STATUS_LINGER_S = 0.25
 # before it is written alone: a stage's progress (a stage that ends quickly: one write for its start
 # and its result), a request's arrival and a stage's result (a pre-check failure: one write for
 # the request, the data stage's refusal and the judge's verdict). An event's message is acked once
-# its update is written (StageContext.ack_after).
-LINGER_S = 0.25
+# its update is written (StageContext.ack_after). A second, not less: in a burst the aggregator
+# is the last in line, and the next event of a request it met early waits in its own backlog for
+# longer than a quarter of a second; at 0.25 s, seven requests in ten of a burst of 100 pre-check
+# failures were written twice, the second write costing more than the time it saved (10% of the
+# aggregator's CPU, bench/precheck_burst.py).
+LINGER_S = 1.0
+# At most this many requests wait on a lingering write with messages unacked: beyond that the
+# oldest is written at once. Each holds up to three of the consumer's unacked messages (its arrival,
+# a stage's result, a redelivery), and the consumer takes no more once 1000 are (max_ack_pending,
+# shared/bus.py): the events that would end the waits would never come, and only the timers would
+# move the burst on.
+OWED_REQUESTS_MAX = 256
 
 RESULT_STAGE: dict[type, Stage] = {
     DataResult: Stage.data,
@@ -110,7 +120,7 @@ class Aggregator:
         # Updates waiting for their request's next write, in order (`_write_later`; tasks write
         # them: the progress subscription's callbacks run one after the other and must not wait).
         self._owed: dict[str, list[_Queued]] = {}
-        self._owed_later = _Lingering(lambda: LINGER_S, self._write_owed)
+        self._owed_later = _Lingering(lambda: LINGER_S, self._write_owed, most=OWED_REQUESTS_MAX)
         # Public views waiting out their linger: the newest of each request, with its record revision.
         self._status_owed: dict[str, tuple[bytes, int]] = {}
         self._status_later = _Lingering(lambda: STATUS_LINGER_S, self._write_lingering_status)
@@ -743,11 +753,14 @@ class _Lingering:
     """Writes owed per request, each written once ``delay_s()`` after it was first owed, however
     often it is owed meanwhile (``write(key)`` takes what is owed then). A timer until then, not a
     task that sleeps: most are stopped (``forget``: written with the request's next event) long
-    before they fire, and a cancelled task costs a wake-up of its own. ``flush`` on stop: what is
-    still waiting is written at once, not lost with the process (best effort)."""
+    before they fire, and a cancelled task costs a wake-up of its own. ``most``: at most that many
+    keys wait; owing one more writes the one that waited longest at once. ``flush`` on stop: what
+    is still waiting is written at once, not lost with the process (best effort)."""
 
-    def __init__(self, delay_s: Callable[[], float], write: Callable[[str], Awaitable[None]]) -> None:
-        self._delay_s, self._write = delay_s, write
+    def __init__(self, delay_s: Callable[[], float], write: Callable[[str], Awaitable[None]],
+                 *, most: int | None = None) -> None:
+        self._delay_s, self._write, self._most = delay_s, write, most
+        #: In the order they were first owed (a dict keeps it), so the oldest is the first.
         self._waiting: dict[str, asyncio.TimerHandle] = {}
         #: The writes of the timers that fired, under way.
         self.tasks: set[asyncio.Task[None]] = set()
@@ -755,6 +768,10 @@ class _Lingering:
     def owe(self, key: str) -> None:
         if key not in self._waiting:
             self._waiting[key] = asyncio.get_running_loop().call_later(self._delay_s(), self._fire, key)
+            if self._most is not None and len(self._waiting) > self._most:
+                oldest = next(iter(self._waiting))
+                self._waiting[oldest].cancel()
+                self._fire(oldest)
 
     def _fire(self, key: str) -> None:
         del self._waiting[key]  # owed again from now on: a write of its own

@@ -322,6 +322,15 @@ class RecordingBus:
         self.published.append(subject)
 
 
+def on_memory() -> tuple[RecordingBus, agg.Aggregator, MemoryKV]:
+    """An aggregator whose records, views and publishing are kept in memory."""
+    bus = RecordingBus()
+    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
+    kv = MemoryKV()
+    aggregator._kv = kv  # type: ignore[assignment]
+    return bus, aggregator, kv
+
+
 class Delivered:
     """What the aggregator's handler sees of a message: its subject, and what its ack waits for."""
 
@@ -352,10 +361,7 @@ async def test_a_quick_stage_is_one_record_write_and_its_view_one_put(monkeypatc
 
     monkeypatch.setattr(agg, "LINGER_S", 0.05)
     monkeypatch.setattr(agg, "STATUS_LINGER_S", 0.05)
-    bus = RecordingBus()
-    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
-    kv = MemoryKV()
-    aggregator._kv = kv  # type: ignore[assignment]
+    bus, aggregator, kv = on_memory()
     writes = lambda: kv.data["r1"][1] if "r1" in kv.data else 0  # noqa: E731 - the record's revision counts its writes
 
     async def progress(stage: Stage, state: str = "started") -> None:
@@ -406,10 +412,7 @@ async def test_a_pre_check_failure_is_one_record_write(monkeypatch: Any) -> None
     that write is done. A lingering write that fails leaves its events' messages to be retried."""
     from shared.events import DataResult, EvalRequested, JudgeResult
 
-    bus = RecordingBus()
-    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
-    kv = MemoryKV()
-    aggregator._kv = kv  # type: ignore[assignment]
+    bus, aggregator, kv = on_memory()
     s = bus.subjects
     events = [
         (EvalRequested(request_id="r1", context=CONTEXT), Delivered(s.eval_requested)),
@@ -442,15 +445,34 @@ async def test_a_pre_check_failure_is_one_record_write(monkeypatch: Any) -> None
         "a lingering write that failed let its message be acked")
 
 
+async def test_lingering_writes_are_bounded_and_the_oldest_goes_first(monkeypatch: Any) -> None:
+    """At most OWED_REQUESTS_MAX requests wait with their messages unacked: one more writes the
+    request that waited longest at once (its message is acked), not when its timer would have,
+    so the consumer never holds its max_ack_pending of messages that only timers can release."""
+    import asyncio
+
+    from shared.events import EvalRequested
+
+    monkeypatch.setattr(agg, "LINGER_S", 30.0)
+    monkeypatch.setattr(agg, "OWED_REQUESTS_MAX", 2)
+    bus, aggregator, kv = on_memory()
+    arrivals = {rid: Delivered(bus.subjects.eval_requested) for rid in ("r1", "r2", "r3")}
+    for rid, delivered in arrivals.items():
+        await aggregator.on_event(EvalRequested(request_id=rid, context=CONTEXT), delivered)  # type: ignore[arg-type]
+    await asyncio.sleep(0.1)  # the write of the oldest, under way
+    assert list(kv.data) == ["r1"] and arrivals["r1"].acked, "the oldest was not written at once"
+    assert not arrivals["r2"].acked and not arrivals["r3"].acked, "the younger ones did not wait"
+    assert list(aggregator._owed_later._waiting) == ["r2", "r3"]
+    await aggregator._owed_later.flush(list(aggregator._owed))
+    assert set(kv.data) == {"r1", "r2", "r3"}
+
+
 async def test_a_first_event_finds_a_record_already_there_and_keeps_it() -> None:
     """Another aggregator wrote the record first: the create fails, the record is read and the
     event applied to it, nothing lost."""
     from shared.events import EvalRequested
 
-    bus = RecordingBus()
-    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
-    kv = MemoryKV()
-    aggregator._kv = kv  # type: ignore[assignment]
+    bus, aggregator, kv = on_memory()
     kv.data["r1"] = (RequestRecord(request_id="r1", stage="train", status="running").model_dump_json().encode(), 4)
     arrival = Delivered(bus.subjects.eval_requested)
     await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT), arrival)  # type: ignore[arg-type]
@@ -483,10 +505,7 @@ async def test_a_public_view_never_replaces_a_newer_one() -> None:
 async def test_a_record_says_it_is_open_until_its_verdict_and_report_are_out() -> None:
     """The header the sweeper follows (services/aggregator/records_bucket.py), and the record's
     revision: the entry's own, never stored in it, and carried by its public view."""
-    bus = RecordingBus()
-    aggregator = agg.Aggregator(bus)  # type: ignore[arg-type]
-    kv = MemoryKV()
-    aggregator._kv = kv  # type: ignore[assignment]
+    bus, aggregator, kv = on_memory()
     from shared.events import EvalRequested
 
     await aggregator.on_event(EvalRequested(request_id="r1", context=CONTEXT),
