@@ -95,6 +95,8 @@ class StageContext:
     announcer: Callable[[], Awaitable[None]] | None = None
     #: Whether the start was announced (then its end is too: ``finished``, ``failed``).
     announced: bool = False
+    #: What the handler found, said on this message's ``stage finished`` line (:meth:`tell`).
+    told: dict[str, Any] = field(default_factory=dict)
 
     @property
     def workdir(self) -> Path:
@@ -129,6 +131,12 @@ class StageContext:
         that ends nothing with its request's next one), and this handler's place goes to the next
         message meanwhile. Until then the message is unacked, so a crash redelivers it."""
         self.acked_after = written
+
+    def tell(self, **facts: Any) -> None:
+        """Facts of this handling (a refusal's reason, the judge's decision) for the log line that
+        ends it, ``stage finished``, rather than a line of their own: a quick handling logs one
+        line, and a line costs a light stage about as much as its handler (bench/precheck_burst.py)."""
+        self.told.update(facts)
 
     async def announce(self) -> None:
         """Announce this message's start, once. The worker does it when the handler has run for
@@ -582,9 +590,9 @@ class StageWorker:
             await policy.finished(ctx, outgoing)
         # One line for a quick handling (its start was never announced, nor logged), so it says
         # which delivery of what it was and how long it took.
-        self._note("stage finished", delivery=deliveries, subject=msg.subject,
-                   seconds=round((datetime.now(UTC) - ctx.started_at).total_seconds(), 3),
-                   published=[o.subject for o in outgoing])
+        self._note("stage finished", **{**ctx.told, "delivery": deliveries, "subject": msg.subject,
+                   "seconds": round((datetime.now(UTC) - ctx.started_at).total_seconds(), 3),
+                   "published": [o.subject for o in outgoing]})
 
     def _ack_when_done(self, msg: Msg, written: asyncio.Future[Any], deliveries: int) -> None:
         async def ack() -> None:

@@ -48,7 +48,7 @@ STATS_FILE = "data_stats.json"
 
 def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: str,
             summary: DataSummary | None = None, *, stored: bool = True) -> list[Outgoing]:
-    log.info("data stage failed", failed_stage=stage.value, error=error)
+    ctx.tell(failed_stage=stage.value, error=error)  # on the handling's `stage finished` line
     result = DataResult(
         request_id=event.request_id,
         ok=False,
@@ -84,7 +84,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     cached = await _cache_lookup(cache, cache_prefix)
     if cached is not None:
         cached_ref, stats = cached
-        log.info("data cache hit", cache_key=key)
+        ctx.tell(cached=True, cache_key=key)
         # The request gets its own copy: later stages read only the shared artifact store.
         local = ctx.workdir / "cached-data.json"
         await cache.get_to_file(cached_ref, local)
@@ -137,7 +137,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, outcome=outcome,
         llm_usage=llm_usage,
     )
-    log.info("data ready", samples=stats.total_samples, cache_key=key)
+    ctx.tell(samples=stats.total_samples, cached=False, cache_key=key)
     ok = DataResult(request_id=rid, ok=True, context=context, data=summary)
     return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
 

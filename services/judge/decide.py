@@ -130,14 +130,6 @@ async def judge(
     else:
         facts = await asyncio.to_thread(collect_facts, event, train_yaml, logs, settings)
     feedback, info = await _feedback_and_info(facts, settings)
-    log.info(
-        "judge_decided",
-        final_decision=feedback.final_decision,
-        rules_decision=facts.rules.decision,
-        judge_kind=info.kind,
-        judge_policy=settings.judge_policy,
-        failed_stage=str(facts.failed_stage) if facts.failed_stage else None,
-    )
     return JudgeResult(
         request_id=event.request_id,
         context=event.context,

@@ -27,7 +27,10 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
     logs = await stage_logs(event, ctx)
     result = await judge(event, train_yaml, logs, ctx.settings)
     result = result.model_copy(update={"sandbox": sandboxes_of(event), "llm_usage": event.data.llm_usage})
-    # decide.judge logged the decision ("judge_decided").
+    # The decision, on this handling's `stage finished` line.
+    ctx.tell(final_decision=result.feedback.final_decision, rules_decision=result.judge.rules_decision,
+             judge_kind=result.judge.kind, judge_policy=ctx.settings.judge_policy,
+             failed_stage=result.failed_stage.value if result.failed_stage else None)
     return [Outgoing(ctx.subjects.judge_completed, result, "completed", stored=not rules_alone(result, ctx.settings))]
 
 

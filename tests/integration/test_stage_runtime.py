@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import msgpack
 import pytest
 from nats.js.errors import KeyNotFoundError
+from structlog.testing import capture_logs
 
 from shared import codec
 from shared.bus import Bus
@@ -218,7 +219,9 @@ async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_an
     request, docs/design.md §9): its result says when it started and which attempt it was
     (StageRun), and the stored copy is the very bytes that were published (each event is encoded
     once). A handler that runs longer is announced at its first look, before its result, and its
-    end after; one that reports progress of its own sooner has its start announced first."""
+    end after; one that reports progress of its own sooner has its start announced first. What a
+    handler tells (ctx.tell) is said on its one `stage finished` line, beside the runtime's own
+    facts, which it cannot overwrite."""
     monkeypatch.setattr(StageWorker, "FIRST_LOOK_S", 0.3)
     seen: dict[str, list[str]] = {}
     result_data: dict[str, bytes] = {}
@@ -240,6 +243,7 @@ async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_an
             await asyncio.sleep(0.8)
         if event.request_id == "talks-1":
             await ctx.progress(step=1, total=2)
+        ctx.tell(found=event.request_id, delivery="the handler's")
         return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
 
     # One connection for both subjects: the server keeps one sender's order for one receiver.
@@ -248,16 +252,20 @@ async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_an
     await bus.nc.flush()
     stage = TrainStage(bus, handle, stage_policies())
     try:
-        for rid in ("quick-1", "slow-1", "talks-1"):
-            await send(bus, rid)
-            await poll(lambda: acked(bus), f"{rid} acknowledged", timeout_s=60)
-        await poll(lambda: _true(len(seen.get("slow-1", [])) >= 3 and len(seen.get("talks-1", [])) >= 4),
-                   "the progress and the results heard", timeout_s=30)
-        await asyncio.sleep(0.5)  # a late progress message of the quick one would be here by now
+        with capture_logs() as lines:
+            for rid in ("quick-1", "slow-1", "talks-1"):
+                await send(bus, rid)
+                await poll(lambda: acked(bus), f"{rid} acknowledged", timeout_s=60)
+            await poll(lambda: _true(len(seen.get("slow-1", [])) >= 3 and len(seen.get("talks-1", [])) >= 4),
+                       "the progress and the results heard", timeout_s=30)
+            await asyncio.sleep(0.5)  # a late progress message of the quick one would be here by now
     finally:
         await stage.close()
         for sub in subs:
             await sub.unsubscribe()
+    finished = [line for line in lines if line["event"] == "stage finished"]
+    assert sorted(line["found"] for line in finished) == ["quick-1", "slow-1", "talks-1"]
+    assert all(line["delivery"] == 1 and line["subject"] == bus.subjects.data_completed for line in finished)
     assert seen["quick-1"] == ["result"]
     assert seen["slow-1"] == ["progress started", "result", "progress finished"]
     assert seen["talks-1"] == ["progress started", "progress running", "result", "progress finished"]
