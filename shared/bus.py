@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from shared import codec
 from shared.artifacts import ArtifactStore, FilesystemArtifacts, ObjectStoreArtifacts
 from shared.events import Stage
+from shared.jetstream import LeanJetStream
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.subjects import Subjects
@@ -144,7 +145,7 @@ class Bus:
 
     def __init__(self, nc: NatsClient, settings: Settings) -> None:
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream()
+        self.js: JetStreamContext = LeanJetStream(nc)  # nats-py's, with a lighter publish
         self.settings = settings
         self.subjects = Subjects(settings.subject_prefix)
         self._kv: dict[str, KeyValue] = {}
