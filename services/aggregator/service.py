@@ -74,10 +74,10 @@ STATUS_LINGER_S = 0.25
 # and its result), a request's arrival and a stage's result (a pre-check failure: one write for
 # the request, the data stage's refusal and the judge's verdict). An event's message is acked once
 # its update is written (StageContext.ack_after). A second, not less: in a burst the aggregator
-# is the last in line, and the next event of a request it met early waits in its own backlog for
-# longer than a quarter of a second; at 0.25 s, seven requests in ten of a burst of 100 pre-check
-# failures were written twice, the second write costing more than the time it saved (10% of the
-# aggregator's CPU, bench/precheck_burst.py).
+# is the last in line, and the next event of a request it met early can wait in its own backlog
+# for longer than a quarter of a second; at 0.25 s, up to a third of a slow burst of 100 pre-check
+# failures were written twice (counted on the requests bucket's sequence), and such bursts are the
+# ones a write more slows down further (bench/precheck_burst.py). At 1 s: once.
 LINGER_S = 1.0
 # At most this many requests wait on a lingering write with messages unacked: beyond that the
 # oldest is written at once. Each holds up to three of the consumer's unacked messages (its arrival,
