@@ -282,6 +282,20 @@ class ErrorSample(Model):
     question: str
     gold: str
     model_output: str
+    #: The answer the scorer read from the output (e.g. the number after ####), when it reads one.
+    extracted: str | None = None
+
+
+class AnswerCheckUsage(Model):
+    """What the LLM answer check of one split asked, and the budget it ran under."""
+
+    model: str | None = None
+    items_asked: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    budget_requests: int = 0
+    rescued: int = 0
 
 
 class BenchmarkScores(Model):
@@ -293,6 +307,13 @@ class BenchmarkScores(Model):
     higher_is_better: bool = True
     primary_value: float | None = None
     item_ids: dict[str, list[str]] = Field(default_factory=dict)
+    #: How the outputs were scored (registry SCORER_METRICS: exact, loglik, gsm8k, math, choice, code, ...).
+    scorer: str | None = None
+    #: What a reader of the numbers must know: outputs that reached the token budget, the LLM check's
+    #: absence or budget, the sampling used.
+    notes: list[str] = Field(default_factory=list)
+    #: The LLM answer check's calls (aime25's cascade, the llm scorer), as the judge records its own.
+    answer_check: AnswerCheckUsage | None = None
 
 
 class BaselineComparison(Model):

@@ -151,6 +151,36 @@ class Settings(BaseSettings):
     )
     max_error_samples: int = Field(default=10, ge=0)
     error_sample_seed: int = 0
+    bench_inference: dict[str, dict[str, object]] = Field(
+        default_factory=dict,
+        description="Sampling per base model (docs/benchmarks.md), keyed by the model's folder name: temperature, "
+        "top_p, top_k, max_gen_toks, greedy, chat_template. Overrides the model folder's ftbus_inference.yaml; "
+        "unset keys take the reference's defaults (temperature 0.6, top-p 0.95, top-k 20).",
+    )
+    bench_llm_model: str | None = Field(
+        default=None,
+        description="Model of the LLM answer check (aime25's cascade, the llm scorer). Unset: judge_model; "
+        "neither: the rule alone, and the scores say so.",
+    )
+    bench_llm_budget_requests: int = Field(
+        default=200, ge=0, description="LLM answer checks one benchmark split may make."
+    )
+
+    # ------------------------------------------------------------------ code executor (docs/sandbox.md)
+    code_exec_image: str | None = Field(
+        default=None,
+        description="Image that runs model-written code (HumanEval, MBPP): any image with python3. Unset: "
+        "sandbox_image.",
+    )
+    code_exec_runtime: Literal["runc", "runsc"] = Field(
+        default="runc",
+        description="OCI runtime of the code executor's containers: runc (Docker's default) or runsc (gVisor: "
+        "a user-space kernel between the sample and the host's; docs/sandbox.md says when).",
+    )
+    code_exec_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit per code sample.")
+    code_exec_memory: str = Field(default="256m", pattern=r"^[0-9.]+[bkmgBKMG]?$",
+                                  description="Memory limit per code sample's container (no swap).")
+    code_exec_concurrency: int = Field(default=4, ge=1, description="Code samples run at once.")
 
     # ------------------------------------------------------------------ sandbox (docs/sandbox.md)
     sandbox: Literal["auto", "docker", "local"] = Field(

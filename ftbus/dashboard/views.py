@@ -268,6 +268,8 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
     bench, comparison = result.benchmark, result.baseline
     return {
         "primary_metric": bench.primary_metric,
+        "scorer": bench.scorer,
+        "notes": list(bench.notes),
         "higher_is_better": bench.higher_is_better,
         "candidate_value": bench.primary_value,
         "baseline_value": comparison.baseline_value if comparison else None,
@@ -361,6 +363,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
     boards: dict[tuple[str, str], list[dict[str, Any]]] = {}
     better: dict[tuple[str, str], bool] = {}
     metric: dict[tuple[str, str], str | None] = {}
+    scorer: dict[tuple[str, str], str | None] = {}
     for record in records:
         result = verdict_result(record)
         if record.task is None or result is None or result.benchmark is None:
@@ -374,6 +377,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
         train = record.stages.get(Stage.train.value)
         better[key] = result.benchmark.higher_is_better
         metric[key] = result.benchmark.primary_metric
+        scorer[key] = result.benchmark.scorer
         boards.setdefault(key, []).append({
             "request_id": record.request_id,
             "validation": value,
@@ -395,6 +399,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
             "base_model": key[0],
             "benchmark": key[1],
             "primary_metric": metric[key],
+            "scorer": scorer[key],
             "higher_is_better": better[key],
             "rows": rows,
         })

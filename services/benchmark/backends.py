@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
+from services.benchmark.inference import InferenceConfig
 from services.benchmark.lmeval import LmEvalOutputError, parse_lm_eval_output, prepare_lm_eval_run
 from services.benchmark.models import ModelSelection
 from services.benchmark.opencompass import (
@@ -51,8 +52,10 @@ class PreparedRun(NamedTuple):
 
 #: The scores of a finished run: ``parse(output_dir, spec, manifest, max_error_samples, seed)``.
 Parse = Callable[[Path, BenchmarkSpec, SplitManifest, int, int], BenchmarkScores]
-#: Write a run's inputs and say what to run: ``prepare(spec, manifest, run_dir, exe, model, device)``.
-Prepare = Callable[[BenchmarkSpec, SplitManifest, Path, str, ModelSelection, str], PreparedRun]
+#: Write a run's inputs and say what to run:
+#: ``prepare(spec, manifest, run_dir, exe, model, device, inference)``.
+Prepare = Callable[[BenchmarkSpec, SplitManifest, Path, str, ModelSelection, str, InferenceConfig | None],
+                   PreparedRun]
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,14 @@ class Backend:
 
 
 def _prepare_lm_eval(spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, exe: str,
-                     model: ModelSelection, device: str) -> PreparedRun:
-    run = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=exe, model=model, device=device)
+                     model: ModelSelection, device: str, inference: InferenceConfig | None) -> PreparedRun:
+    run = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=exe, model=model, device=device, inference=inference)
     return PreparedRun(run.argv, run.env, run.output_dir)
 
 
 def _prepare_opencompass(spec: BenchmarkSpec, manifest: SplitManifest, run_dir: Path, exe: str,
-                         model: ModelSelection, device: str) -> PreparedRun:
+                         model: ModelSelection, device: str, inference: InferenceConfig | None) -> PreparedRun:
+    # OpenCompass generates greedily, as it always has: its own configs carry its sampling.
     run = prepare_opencompass_run(spec, manifest, run_dir, opencompass=exe, model=model, device=device)
     return PreparedRun(run.argv, run.env, run.output_dir)
 
@@ -164,6 +168,7 @@ def prepare_run(
     device: str,
     settings: Any = None,
     executable: str | Path | None = None,
+    inference: InferenceConfig | None = None,
 ) -> PreparedRun:
     """Write the backend's inputs under ``run_dir``; return what to run there (``cwd=run_dir``).
 
@@ -171,7 +176,7 @@ def prepare_run(
     """
     harness = backend_of(backend)
     exe = str(executable) if executable is not None else resolve_executable(backend, settings)
-    return harness.prepare(spec, manifest, run_dir, exe, model, device)
+    return harness.prepare(spec, manifest, run_dir, exe, model, device, inference)
 
 
 def parse_run(backend: str, output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest,

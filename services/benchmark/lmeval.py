@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from services.benchmark.inference import InferenceConfig
 from services.benchmark.models import ModelSelection, has_chat_template
 from services.benchmark.registry import BenchmarkSpec
 from services.benchmark.scoring import assemble_scores, evaluated_subsets
@@ -52,27 +53,47 @@ def task_name(benchmark: str, subset: str) -> str:
     return f"{TASK_PREFIX}_{_slug(benchmark)}_{_slug(subset)}"
 
 
-def render_task_config(spec: BenchmarkSpec, subset: str, data_file: Path) -> dict[str, Any]:
-    """An lm-eval custom task reading one local jsonl file (``dataset_path: json``)."""
+#: The task of a choice subset that generates the answer letter (its main task scores the letters'
+#: log-likelihood).
+LETTER_TASK_SUFFIX = "_letter"
+LETTERS = "ABCDEFGHIJ"
+
+
+def letter_task_name(benchmark: str, subset: str) -> str:
+    return task_name(benchmark, subset) + LETTER_TASK_SUFFIX
+
+
+def _generation_kwargs(spec: BenchmarkSpec, inference: InferenceConfig | None) -> dict[str, Any]:
+    budget = inference.budget(spec.generation.max_gen_toks) if inference else spec.generation.max_gen_toks
+    sampling = inference.generation_kwargs() if inference else {"do_sample": False}
+    return {"until": list(spec.generation.until), "max_gen_toks": budget, **sampling}
+
+
+def render_task_config(
+    spec: BenchmarkSpec, subset: str, data_file: Path, inference: InferenceConfig | None = None,
+    *, letter: bool = False,
+) -> dict[str, Any]:
+    """An lm-eval custom task reading one local jsonl file (``dataset_path: json``).
+
+    ``inference`` is the base model's sampling (None: greedy). ``letter``: the generated-letter
+    task of a ``choice`` subset (MMLU's answer letter, read from generated text by ftbus)."""
     config: dict[str, Any] = {
-        "task": task_name(spec.name, subset),
-        "task_alias": subset,
+        "task": letter_task_name(spec.name, subset) if letter else task_name(spec.name, subset),
+        "task_alias": f"{subset} (letter)" if letter else subset,
         "dataset_path": "json",
         "dataset_kwargs": {"data_files": {"test": str(Path(data_file).resolve())}},
         "test_split": "test",
-        "output_type": spec.kind,
-        "doc_to_text": "{{question}}",
+        "output_type": "generate_until" if letter else spec.kind,
+        "doc_to_text": spec.prompt,
         "num_fewshot": 0,
         "metadata": {"version": spec.version, "ftbus_benchmark": spec.name, "ftbus_subset": subset},
     }
-    if spec.kind == "generate_until":
+    if spec.kind == "generate_until" or letter:
+        # For the scorers ftbus computes from the generated text (all but ``exact``), lm-eval's own
+        # exact match is only what lm-eval needs to run a generation task: it is not reported.
         config |= {
             "doc_to_target": "{{answer}}",
-            "generation_kwargs": {
-                "until": list(spec.generation.until),
-                "max_gen_toks": spec.generation.max_gen_toks,
-                "do_sample": False,  # greedy: the same model gives the same score
-            },
+            "generation_kwargs": _generation_kwargs(spec, inference),
             "metric_list": [{
                 "metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
                 "ignore_case": True, "ignore_punctuation": False, "regexes_to_ignore": _STRIP_REGEXES,
@@ -80,27 +101,36 @@ def render_task_config(spec: BenchmarkSpec, subset: str, data_file: Path) -> dic
         }
     else:
         config |= {
-            "doc_to_choice": "{{choices}}",
+            # The choices' texts, or, for a choice benchmark whose prompt lists them, their letters
+            # (as lm-eval's own mmlu task scores them).
+            "doc_to_choice": (
+                f"{{{{ {list(LETTERS)!r}[:choices|length] }}}}" if spec.scorer_name == "choice" else "{{choices}}"
+            ),
             # An index, not the answer text: lm-eval would read a numeric answer ("41") as an index.
             "doc_to_target": "{{choices.index(answer)}}",
             "metric_list": [
-                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in spec.metrics
+                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")
             ],
         }
     return config
 
 
-def write_task_configs(spec: BenchmarkSpec, data_files: Mapping[str, Path], include_dir: Path) -> dict[str, str]:
-    """Write one task YAML per subset into ``include_dir``; return subset -> task name."""
+def write_task_configs(
+    spec: BenchmarkSpec, data_files: Mapping[str, Path], include_dir: Path, inference: InferenceConfig | None = None,
+) -> list[str]:
+    """Write the task YAMLs of every subset into ``include_dir``; return the task names to run."""
     include_dir = Path(include_dir)
     include_dir.mkdir(parents=True, exist_ok=True)
-    tasks: dict[str, str] = {}
+    tasks: list[str] = []
     for subset, data_file in data_files.items():
-        config = render_task_config(spec, subset, data_file)
-        (include_dir / f"{config['task']}.yaml").write_text(
-            yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
-        )
-        tasks[subset] = config["task"]
+        configs = [render_task_config(spec, subset, data_file, inference)]
+        if spec.scorer_name == "choice":
+            configs.append(render_task_config(spec, subset, data_file, inference, letter=True))
+        for config in configs:
+            (include_dir / f"{config['task']}.yaml").write_text(
+                yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
+            )
+            tasks.append(config["task"])
     return tasks
 
 
@@ -157,12 +187,20 @@ def lm_eval_env(run_dir: Path) -> dict[str, str]:
     return {**OFFLINE_ENV, "HF_DATASETS_CACHE": str(Path(run_dir).resolve() / "hf_datasets_cache")}
 
 
+def chat_template_for(model: ModelSelection, inference: InferenceConfig | None) -> bool:
+    """The model entry's ``chat_template`` when it says, else whether the tokenizer lm-eval loads
+    (the base model's, for an adapter) has one."""
+    if inference is not None and inference.chat_template is not None:
+        return inference.chat_template
+    return has_chat_template(model.pretrained)
+
+
 @dataclass
 class LmEvalRun:
     argv: list[str]
     env: dict[str, str]
     output_dir: Path
-    tasks: dict[str, str] = field(default_factory=dict)
+    tasks: list[str] = field(default_factory=list)
 
 
 def prepare_lm_eval_run(
@@ -177,6 +215,7 @@ def prepare_lm_eval_run(
     apply_chat_template: bool | None = None,
     dtype: str | None = None,
     seed: int = 0,
+    inference: InferenceConfig | None = None,
 ) -> LmEvalRun:
     """Write the split's data and task files under ``run_dir``; return what to run.
 
@@ -185,12 +224,12 @@ def prepare_lm_eval_run(
     """
     run_dir = Path(run_dir)
     data_files = write_split_data(spec, manifest, run_dir / "data")
-    tasks = write_task_configs(spec, data_files, run_dir / "tasks")
+    tasks = write_task_configs(spec, data_files, run_dir / "tasks", inference)
     if apply_chat_template is None:
-        apply_chat_template = has_chat_template(model.pretrained)
+        apply_chat_template = chat_template_for(model, inference)
     output_dir = run_dir / "output"
     argv = build_lm_eval_command(
-        lm_eval=lm_eval, model=model, tasks=list(tasks.values()), include_path=run_dir / "tasks",
+        lm_eval=lm_eval, model=model, tasks=tasks, include_path=run_dir / "tasks",
         output_path=output_dir, device=device, batch_size=batch_size,
         apply_chat_template=apply_chat_template, dtype=dtype, seed=seed,
     )
@@ -313,3 +352,59 @@ def parse_lm_eval_output(
         errors.extend(_error_sample(spec, row) for row in rows if not _is_correct(spec, row))
 
     return assemble_scores(spec, manifest, summary, errors, max_error_samples, seed)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One item's generated text, as lm-eval logged it (before its own filters)."""
+
+    item_id: str
+    output: str
+
+
+@dataclass
+class LmEvalOutput:
+    """What ftbus's own scorers read from one lm-eval run: per subset, the generated text of each
+    item, and lm-eval's own per-item metrics (a choice benchmark's log-likelihood ``acc``,
+    ``acc_norm``), in split order."""
+
+    generated: dict[str, list[Generated]] = field(default_factory=dict)
+    item_metrics: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+
+def read_lm_eval_output(output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest) -> LmEvalOutput:
+    """The generations of a benchmark scored by ftbus (registry: not ``exact``/``loglik``)."""
+    results_file = find_results_file(output_dir)
+    try:
+        results = json.loads(results_file.read_text(encoding="utf-8"))["results"]
+    except (ValueError, KeyError) as exc:
+        raise LmEvalOutputError(f"{results_file} is not an lm-eval results file: {exc}") from exc
+    out = LmEvalOutput()
+    for subset, ids in evaluated_subsets(spec, manifest):
+        main = task_name(spec.name, subset.name)
+        generating = letter_task_name(spec.name, subset.name) if spec.scorer_name == "choice" else main
+        for task in {main, generating}:
+            if task not in results:
+                raise LmEvalOutputError(f"{results_file.name} has no results for task {task} (subset {subset.name})")
+        if spec.scorer_name == "choice":
+            scored = _read_samples(results_file, main)
+            if len(scored) != len(ids):
+                raise LmEvalOutputError(f"task {main}: {len(scored)} samples for {len(ids)} items in the split")
+            out.item_metrics[subset.name] = [
+                {m: float(row[m]) for m in ("acc", "acc_norm") if m in row} for row in scored
+            ]
+        rows = _read_samples(results_file, generating)
+        if len(rows) != len(ids):
+            raise LmEvalOutputError(f"task {generating}: {len(rows)} samples for {len(ids)} items in the split")
+        generated = []
+        for row, item_id in zip(rows, ids, strict=True):
+            doc_id = (row.get("doc") or {}).get("id", item_id)
+            if doc_id != item_id:
+                raise LmEvalOutputError(
+                    f"task {generating}: sample {row.get('doc_id')} is item {doc_id}, not {item_id}")
+            # resps: the raw generation, one list per request; filtered_resps went through lm-eval's
+            # filters (none for our tasks, but the raw text is what the scorers must see).
+            raw = _first(row.get("resps"))
+            generated.append(Generated(item_id, "" if raw is None else str(raw)))
+        out.generated[subset.name] = generated
+    return out

@@ -12,9 +12,21 @@ is a descriptor that says what to compare and how (pain point 14)::
         higher_is_better: true
         subsets: [{name: addition, file: addition.jsonl}, ...]
         generation: {max_gen_toks: 16, until: ["\\n"]}     # optional, generate_until only
+        scorer: exact                   # optional: how outputs are scored (SCORER_METRICS below)
+        prompt: "Question: {{question}}\\nAnswer:"   # optional: lm-eval's doc_to_text (Jinja)
+        source: "openai/gsm8k, main"    # optional: where the items came from
+        llm_cascade: false              # math scorers: the rule, then an LLM for the items it marks wrong
+        code_style: humaneval           # code scorer: how a program is built (humaneval | mbpp)
     <assets>/benchmarks/<name>/<subset file>.jsonl
         {"id": "add-000", "question": "What is 1 + 2?", "answer": "3"}
         multiple_choice items add "choices": [...] and "answer" is the text of the right choice.
+        code items add "test" (the benchmark's tests, seen by the code executor only) and, for
+        humaneval-style items, "entry_point" (the function the tests call).
+
+Scorers: ``exact`` and ``loglik`` are computed by lm-eval itself (exact match of the generated
+text; the choices' log-likelihood). The others are computed by ftbus from lm-eval's generated
+text (services/benchmark/scorers.py), code by running it in the code executor
+(services/benchmark/executor.py): lm-eval would ``exec`` it in its own process.
 
 Items keep their file order, which the splits rely on (see splits.py).
 """
@@ -33,12 +45,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 DESCRIPTOR = "benchmark.yaml"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 BenchmarkKind = Literal["generate_until", "multiple_choice"]
+ScorerName = Literal["exact", "loglik", "gsm8k", "math", "choice", "code", "numeric", "f1", "rouge_l", "llm"]
+CodeStyle = Literal["humaneval", "mbpp"]
 
-# Metrics the lm-eval backend computes per kind; the primary metric must be one of them.
-KIND_METRICS: dict[str, tuple[str, ...]] = {
-    "generate_until": ("exact_match",),
-    "multiple_choice": ("acc", "acc_norm"),
+# The metrics each scorer reports, its primary metric first; the primary metric must be one of them.
+SCORER_METRICS: dict[str, tuple[str, ...]] = {
+    "exact": ("exact_match",),                          # lm-eval: exact match, case-insensitive
+    "loglik": ("acc", "acc_norm"),                      # lm-eval: the most likely choice
+    "gsm8k": ("strict_match", "flexible_match"),        # the answer after ####; the last number
+    "math": ("math_verify", "math_cascade"),            # \boxed{} by math-verify; then the LLM's rescue
+    "choice": ("acc", "acc_norm", "letter_acc"),        # log-likelihood, and the letter generated
+    "code": ("pass@1",),                                # the benchmark's tests, in the executor
+    "numeric": ("numeric_match",),                      # the last number, within a relative 1e-6
+    "f1": ("f1",),                                      # SQuAD token F1 against the gold text
+    "rouge_l": ("rouge_l",),                            # ROUGE-L F-measure against the gold text
+    "llm": ("llm_judge",),                              # an LLM says correct or incorrect, every item
 }
+#: Which benchmark kind each scorer needs.
+SCORER_KINDS: dict[str, BenchmarkKind] = {
+    "loglik": "multiple_choice", "choice": "multiple_choice",
+    **{name: "generate_until" for name in ("exact", "gsm8k", "math", "code", "numeric", "f1", "rouge_l", "llm")},
+}
+#: Computed by lm-eval itself; every other scorer reads lm-eval's generated text.
+LM_EVAL_SCORERS = frozenset({"exact", "loglik"})
+DEFAULT_SCORER: dict[str, str] = {"generate_until": "exact", "multiple_choice": "loglik"}
+#: Kept for the backends that compute only lm-eval's own metrics (OpenCompass).
+KIND_METRICS: dict[str, tuple[str, ...]] = {kind: SCORER_METRICS[s] for kind, s in DEFAULT_SCORER.items()}
 
 
 class BenchmarkError(ValueError):
@@ -67,7 +99,9 @@ class SubsetSpec(_Model):
 
 
 class GenerationConfig(_Model):
-    max_gen_toks: int = Field(default=32, gt=0, le=4096)
+    #: The benchmark's own token budget: an output that reaches it is counted in the scores' notes,
+    #: never cut silently.
+    max_gen_toks: int = Field(default=32, gt=0, le=65536)
     until: list[str] = Field(default_factory=lambda: ["\n"])
 
 
@@ -76,6 +110,9 @@ class BenchmarkItem(_Model):
     question: str
     answer: str
     choices: list[str] | None = None
+    #: Code items: the benchmark's tests (the executor alone runs them) and the function they call.
+    test: str | None = None
+    entry_point: str | None = None
 
 
 class BenchmarkSpec(_Model):
@@ -87,23 +124,49 @@ class BenchmarkSpec(_Model):
     higher_is_better: bool = True
     subsets: list[SubsetSpec] = Field(min_length=1)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    scorer: ScorerName | None = Field(default=None, description="Default: exact (generate_until), loglik.")
+    prompt: str = Field(default="{{question}}", min_length=1, description="lm-eval's doc_to_text (Jinja).")
+    source: str = ""
+    llm_cascade: bool = False
+    code_style: CodeStyle | None = None
     root: Path = Field(default=Path("."), exclude=True, description="The benchmark's folder (set by the loader).")
 
     @model_validator(mode="after")
     def _check(self) -> BenchmarkSpec:
-        if self.primary_metric not in KIND_METRICS[self.kind]:
+        if self.scorer is None:
+            object.__setattr__(self, "scorer", DEFAULT_SCORER[self.kind])
+        if SCORER_KINDS[self.scorer_name] != self.kind:
+            raise ValueError(f"scorer {self.scorer} needs kind {SCORER_KINDS[self.scorer_name]}, not {self.kind}")
+        if self.primary_metric not in self.metrics:
             raise ValueError(
-                f"primary_metric {self.primary_metric!r} is not computed for kind {self.kind}; "
-                f"choose one of {', '.join(KIND_METRICS[self.kind])}"
+                f"primary_metric {self.primary_metric!r} is not computed by scorer {self.scorer}; "
+                f"choose one of {', '.join(self.metrics)}"
             )
+        if self.llm_cascade and self.scorer_name != "math":
+            raise ValueError("llm_cascade applies to the math scorer only")
+        if self.primary_metric == "math_cascade" and not self.llm_cascade:
+            raise ValueError("primary_metric math_cascade needs llm_cascade: true")
+        if self.scorer_name == "code" and self.code_style is None:
+            raise ValueError("the code scorer needs code_style: humaneval or mbpp")
         names = [s.name for s in self.subsets]
         if len(set(names)) != len(names):
             raise ValueError(f"subset names repeat: {names}")
         return self
 
     @property
+    def scorer_name(self) -> str:
+        return self.scorer or DEFAULT_SCORER[self.kind]
+
+    @property
     def metrics(self) -> tuple[str, ...]:
-        return KIND_METRICS[self.kind]
+        metrics = SCORER_METRICS[self.scorer_name]
+        if self.scorer_name == "math" and not self.llm_cascade:
+            return metrics[:1]
+        return metrics
+
+    @property
+    def scored_by_lm_eval(self) -> bool:
+        return self.scorer_name in LM_EVAL_SCORERS
 
     def subset(self, name: str) -> SubsetSpec:
         for s in self.subsets:
@@ -138,6 +201,10 @@ def _read_items(spec: BenchmarkSpec, subset: SubsetSpec) -> list[BenchmarkItem]:
             raise BenchmarkError(f"{where}: duplicate id {item.id!r}")
         if spec.kind == "multiple_choice" and (not item.choices or item.answer not in item.choices):
             raise BenchmarkError(f"{where}: multiple_choice items need choices that contain the answer")
+        if spec.scorer_name == "code" and not item.test:
+            raise BenchmarkError(f"{where}: code items need the benchmark's tests (\"test\")")
+        if spec.code_style == "humaneval" and not item.entry_point:
+            raise BenchmarkError(f"{where}: humaneval-style items need the function the tests call (\"entry_point\")")
         seen.add(item.id)
         items.append(item)
     if not items:

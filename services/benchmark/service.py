@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Literal
 
 from services.benchmark.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPARE_ERRORS, parse_run, prepare_run
+from services.benchmark.executor import CodeExecutorUnavailable
+from services.benchmark.grading import grade_split
+from services.benchmark.inference import InferenceConfig, InferenceError, inference_for
 from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
 from services.benchmark.splits import SplitManifest, make_split
@@ -67,7 +70,12 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
     try:
         spec = load_benchmark(settings.assets, task.benchmark)
         base_model = Path(event.train.base_model_path or resolve_base_model(settings.assets, task.base_model))
-    except (BenchmarkError, ModelNotFound) as exc:
+        # The candidate generates as its base model does, and so does its baseline.
+        inference = inference_for(settings, base_model)
+        if not spec.scored_by_lm_eval and settings.bench_backend != "lm-eval":
+            raise BenchmarkError(f"benchmark {spec.name} (scorer {spec.scorer_name}) is scored from lm-eval's "
+                                 f"generations: set bench_backend to lm-eval")
+    except (BenchmarkError, ModelNotFound, InferenceError) as exc:
         error = str(exc)
         return [_result(event, ctx, split, SplitRun(None, None, error), None) for split in ("validation", "test")]
 
@@ -78,14 +86,14 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
     model = select_model(base_model, ctx.workdir / "output")
     device = detect_device(settings.bench_device)
     if settings.bench_backend == "lm-eval" and settings.bench_engine == "warm":
-        return await _handle_warm(ctx, event, spec, model, base_model, device)
+        return await _handle_warm(ctx, event, spec, model, base_model, device, inference)
 
     async def one_split(split: SplitName) -> list[Outgoing]:
         manifest = make_split(spec, split, settings.bench_max_items)
-        candidate = await _run_split(ctx, event, spec, manifest, model, device, label=split)
+        candidate = await _run_split(ctx, event, spec, manifest, model, device, inference, label=split)
         baseline = None
         if candidate.scores is not None:
-            baseline = await _baseline(ctx, event, spec, manifest, base_model, device)
+            baseline = await _baseline(ctx, event, spec, manifest, base_model, device, inference)
         return [_result(event, ctx, split, candidate, _compare(candidate.scores, baseline))]
 
     validation, test = await asyncio.gather(one_split("validation"), one_split("test"))
@@ -149,6 +157,7 @@ async def _run_split(
     manifest: SplitManifest,
     model: ModelSelection,
     device: str,
+    inference: InferenceConfig,
     *,
     label: str,
 ) -> SplitRun:
@@ -159,7 +168,7 @@ async def _run_split(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         argv, prepared_env, output_dir = prepare_run(
-            backend, spec, manifest, run_dir, model=model, device=device, settings=settings
+            backend, spec, manifest, run_dir, model=model, device=device, settings=settings, inference=inference
         )
     except PREPARE_ERRORS as exc:
         return SplitRun(None, None, f"{name} ({label}) cannot run: {exc}")
@@ -177,7 +186,7 @@ async def _run_split(
         argv, cwd=run_dir, env=env, timeout_s=timeout, log_path=log_path,
         tail_chars=settings.log_tail_chars, sandbox=Sandbox.reading(model.pretrained, model.peft, gpus=True),
     )
-    return await _score_split(ctx, event, spec, manifest, run, output_dir, label=label)
+    return await _score_split(ctx, event, spec, manifest, run, output_dir, model, inference, label=label)
 
 
 async def _score_split(
@@ -187,6 +196,8 @@ async def _score_split(
     manifest: SplitManifest,
     run: RunResult,
     output_dir: Path,
+    model: ModelSelection,
+    inference: InferenceConfig,
     *,
     label: str,
     engine_error: str | None = None,
@@ -206,11 +217,20 @@ async def _score_split(
         detail = f": {engine_error}" if engine_error else ""
         return SplitRun(None, outcome, f"{name} ({label}) exited with code {run.exit_code}{detail}")
     try:
-        scores = await asyncio.to_thread(
-            parse_run, backend, output_dir, spec, manifest, settings.max_error_samples, settings.error_sample_seed
-        )
+        if spec.scored_by_lm_eval:
+            scores = await asyncio.to_thread(
+                parse_run, backend, output_dir, spec, manifest, settings.max_error_samples, settings.error_sample_seed
+            )
+            scores = scores.model_copy(update={"scorer": spec.scorer_name})
+        else:
+            # ftbus's own scorers, on the text the engine generated (the code scorer runs it in the
+            # code executor's containers: never in the engine or this worker).
+            scores = await grade_split(spec, manifest, output_dir, settings=settings, inference=inference,
+                                       tokenizer_dir=model.pretrained)
     except OUTPUT_ERRORS as exc:
         return SplitRun(None, outcome, f"{name} ({label}) output unreadable: {exc}")
+    except CodeExecutorUnavailable as exc:
+        return SplitRun(None, outcome, f"benchmark ({label}): the code executor cannot run: {exc}")
     if not scores.accuracy_summary:
         return SplitRun(scores, outcome, f"{name} ({label}) produced no metrics")
     log.info("split scored", split=label, primary=scores.primary_metric, value=scores.primary_value)
@@ -224,6 +244,7 @@ async def _handle_warm(
     model: ModelSelection,
     base_model: Path,
     device: str,
+    inference: InferenceConfig,
 ) -> list[Outgoing]:
     """Both splits on the worker's warm engine: one job (one model load) for the candidate's
     validation and test splits, then one for the base model's uncached baselines."""
@@ -237,15 +258,17 @@ async def _handle_warm(
         items = sum(len(v) for v in split.manifest.item_ids.values())
         await ctx.progress(message=f"{split.label}: {name} on {items} items (warm engine)")
 
-    async def score(splits: dict[str, WarmSplit], runs: dict[str, WarmRun]) -> dict[str, SplitRun]:
+    async def score(splits: dict[str, WarmSplit], runs: dict[str, WarmRun], scored: ModelSelection,
+                    ) -> dict[str, SplitRun]:
         return {label: await _score_split(ctx, event, spec, split.manifest, runs[label].result,
-                                          runs[label].output_dir, label=label, engine_error=runs[label].error)
+                                          runs[label].output_dir, scored, inference, label=label,
+                                          engine_error=runs[label].error)
                 for label, split in splits.items()}
 
     candidate = {split: WarmSplit(split, manifests[split]) for split in ("validation", "test")}
     candidate_runs = await engine.run(spec, model, list(candidate.values()), ctx.workdir, device=device,
-                                      timeout_s=timeout, on_split=announce, seed=0)
-    results = await score(candidate, candidate_runs)
+                                      timeout_s=timeout, on_split=announce, seed=0, inference=inference)
+    results = await score(candidate, candidate_runs, model)
 
     baselines: dict[str, BenchmarkScores | None] = {}
     uncached: dict[str, WarmSplit] = {}
@@ -253,13 +276,14 @@ async def _handle_warm(
     for split, manifest in manifests.items():
         if results[split].scores is None:
             continue
-        cache_names[split], baselines[split] = await _cached_baseline(ctx, manifest, base_model, device)
+        cache_names[split], baselines[split] = await _cached_baseline(ctx, manifest, base_model, device, inference)
         if baselines[split] is None:
             uncached[f"baseline-{split}"] = WarmSplit(f"baseline-{split}", manifest)
     if uncached:
-        base_runs = await engine.run(spec, select_model(base_model, None), list(uncached.values()), ctx.workdir,
-                                     device=device, timeout_s=timeout, on_split=announce, seed=0)
-        for label, run in (await score(uncached, base_runs)).items():
+        base = select_model(base_model, None)
+        base_runs = await engine.run(spec, base, list(uncached.values()), ctx.workdir,
+                                     device=device, timeout_s=timeout, on_split=announce, seed=0, inference=inference)
+        for label, run in (await score(uncached, base_runs, base)).items():
             split = uncached[label].manifest.split
             if run.scores is None:
                 log.warning("baseline run failed", split=split, error=run.error)
@@ -284,8 +308,13 @@ def model_fingerprint(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def baseline_key(model_dir: Path, manifest: SplitManifest, device: str, backend: str = "lm-eval") -> str:
+def baseline_key(model_dir: Path, manifest: SplitManifest, device: str, backend: str = "lm-eval",
+                 inference: InferenceConfig | None = None) -> str:
     parts: list[object] = [BASELINE_FORMAT, model_fingerprint(model_dir), manifest.model_dump(mode="json"), device]
+    if inference is not None and inference != InferenceConfig(greedy=True):
+        # A baseline generated one way is never compared with a candidate generated another way
+        # (a greedy baseline's key is the one it always had).
+        parts.append(inference.model_dump(mode="json"))
     if backend != "lm-eval":  # backends score multiple choice differently: never share a baseline
         parts.append(backend)
     payload = json.dumps(parts, sort_keys=True)
@@ -299,12 +328,13 @@ async def _baseline(
     manifest: SplitManifest,
     base_model: Path,
     device: str,
+    inference: InferenceConfig,
 ) -> BenchmarkScores | None:
-    name, cached = await _cached_baseline(ctx, manifest, base_model, device)
+    name, cached = await _cached_baseline(ctx, manifest, base_model, device, inference)
     if cached is not None:
         return cached
     store = await _cache_store_for(ctx, manifest)
-    run = await _run_split(ctx, event, spec, manifest, select_model(base_model, None), device,
+    run = await _run_split(ctx, event, spec, manifest, select_model(base_model, None), device, inference,
                            label=f"baseline-{manifest.split}")
     if run.scores is None:
         # The candidate's verdict does not depend on it: report it missing, never fail for it.
@@ -315,10 +345,10 @@ async def _baseline(
 
 
 async def _cached_baseline(
-    ctx: StageContext, manifest: SplitManifest, base_model: Path, device: str
+    ctx: StageContext, manifest: SplitManifest, base_model: Path, device: str, inference: InferenceConfig,
 ) -> tuple[str, BenchmarkScores | None]:
     """The baseline cache's object name for this split, and the scores cached there, if any."""
-    key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend)
+    key = await asyncio.to_thread(baseline_key, base_model, manifest, device, ctx.settings.bench_backend, inference)
     name = f"cache/baseline/{key}/scores.json"
     store = await _cache_store_for(ctx, manifest)
     ref = await store.stat(name)

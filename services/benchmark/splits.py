@@ -40,10 +40,19 @@ def split_bounds(n: int, split: Split, max_items: int = DEFAULT_MAX_ITEMS) -> tu
     return (0, k) if split == "validation" else (n - k, n)
 
 
+#: Item fields added after the first manifests were made: left out of the hash while unset, so a
+#: benchmark's manifests (and the caches keyed on them) stay what they were.
+_LATER_FIELDS = ("test", "entry_point")
+
+
+def _hashed(item: BenchmarkItem) -> dict[str, object]:
+    return item.model_dump(mode="json", exclude={f for f in _LATER_FIELDS if getattr(item, f) is None})
+
+
 def _items_hash(selected: dict[str, list[BenchmarkItem]]) -> str:
     h = hashlib.sha256()
     for subset, items in selected.items():
-        h.update(json.dumps([subset, [i.model_dump(mode="json") for i in items]], sort_keys=True).encode())
+        h.update(json.dumps([subset, [_hashed(i) for i in items]], sort_keys=True).encode())
     return h.hexdigest()
 
 
@@ -92,7 +101,9 @@ def write_split_data(spec: BenchmarkSpec, manifest: SplitManifest, dest_dir: Pat
             # lm-eval cannot load an empty json dataset: a subset with <2 items has no split.
             continue
         path = dest_dir / f"{subset}.jsonl"
-        path.write_text("".join(i.model_dump_json(exclude_none=True) + "\n" for i in items), encoding="utf-8")
+        # A code item's tests stay out: only the code executor sees them, never the engine.
+        path.write_text("".join(i.model_dump_json(exclude_none=True, exclude={"test"}) + "\n" for i in items),
+                        encoding="utf-8")
         files[subset] = path.resolve()
     (dest_dir / "manifest.json").write_text(manifest.model_dump_json(indent=1), encoding="utf-8")
     return files

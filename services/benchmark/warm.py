@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.benchmark.lmeval import write_task_configs
-from services.benchmark.models import ModelSelection, has_chat_template
+from services.benchmark.inference import InferenceConfig
+from services.benchmark.lmeval import chat_template_for, write_task_configs
+from services.benchmark.models import ModelSelection
 from services.benchmark.registry import BenchmarkSpec
 from services.benchmark.splits import SplitManifest, write_split_data
 from shared.logs import get_logger
@@ -183,6 +184,7 @@ class WarmEngine:
     async def run(
         self, spec: BenchmarkSpec, model: ModelSelection, splits: Sequence[WarmSplit], workdir: Path, *,
         device: str, timeout_s: float, on_split: OnSplit | None = None, seed: int = 0,
+        inference: InferenceConfig | None = None,
     ) -> dict[str, WarmRun]:
         """Run ``splits`` of ``spec`` on ``model``, one model load for all of them (unless a split
         times out or the engine dies: the rest then run on a fresh engine). Each split's run folder
@@ -198,7 +200,7 @@ class WarmEngine:
                         runs[split.label] = self._not_started(split, workdir, timeout_s, exc)
                     break
                 done = await self._job(resident, spec, model, pending, workdir, runs, device, timeout_s,
-                                       on_split, seed)
+                                       on_split, seed, inference)
                 pending = pending[done:]
         return runs
 
@@ -225,7 +227,7 @@ class WarmEngine:
     async def _job(
         self, resident: Resident, spec: BenchmarkSpec, model: ModelSelection, pending: list[WarmSplit],
         workdir: Path, runs: dict[str, WarmRun], device: str, timeout_s: float, on_split: OnSplit | None,
-        seed: int,
+        seed: int, inference: InferenceConfig | None,
     ) -> int:
         """One job on the running engine; returns how many of ``pending`` it ran."""
         self._jobs += 1
@@ -242,14 +244,14 @@ class WarmEngine:
             _write_json(self.exchange / f"job-{n}.json", {
                 "model": {"pretrained": str(pretrained), "peft": str(peft) if peft else None},
                 "device": device, "gpus": _gpu_count(self.settings, device), "dtype": None, "batch_size": 1,
-                "seed": seed, "apply_chat_template": has_chat_template(model.pretrained),
+                "seed": seed, "apply_chat_template": chat_template_for(model, inference),
                 "vllm": {"gpu_memory_utilization": self.settings.vllm_gpu_memory_utilization,
                          "max_model_len": self.settings.vllm_max_model_len,
                          "enforce_eager": self.settings.vllm_enforce_eager},
                 "splits": [s.label for s in pending],
             })
             for i, split in enumerate(pending):
-                run = await self._split(resident, spec, split, n, i, workdir, timeout_s, on_split)
+                run = await self._split(resident, spec, split, n, i, workdir, timeout_s, on_split, inference)
                 sent = i + 1
                 runs[split.label] = run
                 if self._resident is None:  # killed (timeout) or dead: the rest go to a fresh engine
@@ -269,16 +271,16 @@ class WarmEngine:
 
     async def _split(
         self, resident: Resident, spec: BenchmarkSpec, split: WarmSplit, n: int, i: int, workdir: Path,
-        timeout_s: float, on_split: OnSplit | None,
+        timeout_s: float, on_split: OnSplit | None, inference: InferenceConfig | None,
     ) -> WarmRun:
         exposed = self.exchange / f"run-{n}-{i}"
         dest = workdir / f"bench-{split.label}"
         try:
             def expose() -> list[str]:
                 data_files = write_split_data(spec, split.manifest, exposed / "data")
-                tasks = write_task_configs(spec, data_files, exposed / "tasks")
+                tasks = write_task_configs(spec, data_files, exposed / "tasks", inference)
                 resident.hand_over(exposed)
-                return list(tasks.values())
+                return tasks
 
             tasks = await asyncio.to_thread(expose)
             if on_split is not None:

@@ -268,6 +268,9 @@ async def test_request_page_draws_the_loss_curve_live_then_complete(env: Env, pa
         base_value = base.baseline.accuracy_summary[subset]["exact_match"]
         assert cells[2:] == [f"{metrics['exact_match']:.4f}", f"{base_value:.4f}",
                              f"{metrics['exact_match'] - base_value:+.4f}"]
+    # Which scorer made those numbers (tiny-arith: lm-eval's exact match).
+    assert bench.scorer == "exact"
+    assert await _text(page, "#validation-scorer") == "scorer: exact"
     # The hidden test split, as the report (read with the dashboard's own user) has it.
     assert report.benchmark_test is not None
     for subset, metrics in report.benchmark_test.accuracy_summary.items():
@@ -317,6 +320,7 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     await page.wait_for_function(
         f"[{json.dumps(weak)}, {json.dumps(best)}, {json.dumps(middle)}].every("
         f"id => document.querySelector(`{board} tr[data-request-id='${{id}}']`))", timeout=WAIT_MS)
+    assert "(scorer exact)" in await _text(page, f"{board} h2 small.scorer")
     order = await _rows(page, f"{board} tbody tr")
     mine = [rid for rid in order if rid in scores]
     assert mine == [best, middle, weak]

@@ -174,7 +174,7 @@ def test_bad_names_are_refused(name: str) -> None:
     ("descriptor", "rows", "message"),
     [
         ("name: b\nkind: generate_until\nprimary_metric: acc\nsubsets: [{name: s, file: s.jsonl}]\n",
-         [{"id": "1", "question": "q", "answer": "a"}], "not computed for kind generate_until"),
+         [{"id": "1", "question": "q", "answer": "a"}], "not computed by scorer exact"),
         ("name: other\nkind: generate_until\nprimary_metric: exact_match\nsubsets: [{name: s, file: s.jsonl}]\n",
          [{"id": "1", "question": "q", "answer": "a"}], "holds a descriptor named 'other'"),
         ("name: b\nkind: generate_until\nprimary_metric: exact_match\nsubsets: [{name: s, file: s.jsonl}]\n",

@@ -242,7 +242,7 @@ def test_prepare_run_writes_data_tasks_and_argv(tmp_path: Path) -> None:
     (model_dir / "chat_template.jinja").write_text("{{ x }}")
     run = prepare_lm_eval_run(spec, manifest, tmp_path / "run", lm_eval="lm_eval",
                               model=select_model(model_dir, None), batch_size=2)
-    assert run.tasks == {"addition": "ftbus_tiny_arith_addition", "subtraction": "ftbus_tiny_arith_subtraction"}
+    assert run.tasks == ["ftbus_tiny_arith_addition", "ftbus_tiny_arith_subtraction"]
     assert sorted(p.name for p in (tmp_path / "run" / "tasks").iterdir()) == [
         "ftbus_tiny_arith_addition.yaml", "ftbus_tiny_arith_subtraction.yaml"]
     rows = (tmp_path / "run" / "data" / "addition.jsonl").read_text().splitlines()

@@ -59,6 +59,8 @@
         el("tfoot", {}, el("tr", {}, el("td", { text: "primary" }), el("td", { text: v.primary_metric || "–" }),
           el("td", { class: "num", text: FT.num(v.candidate_value) }), el("td", { class: "num", text: FT.num(v.baseline_value) }),
           el("td", { class: "num " + (v.difference > 0 ? "up" : v.difference < 0 ? "down" : ""), text: FT.signed(v.difference) })))),
+      el("p", { class: "scorer", id: "validation-scorer", text: "scorer: " + (v.scorer || "–") }),
+      ...(v.notes || []).map((n) => el("p", { class: "note", text: n })),
     ];
   }
 
