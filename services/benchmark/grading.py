@@ -21,11 +21,9 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.benchmark.answer_check import AnswerCase, cascade, check_answers, rule_misses
-from services.benchmark.code_programs import build_program
-from services.benchmark.executor import CodeExecutor, CodeSample
 from services.benchmark.inference import InferenceConfig
 from services.benchmark.lmeval import Generated, LmEvalOutput, read_lm_eval_output
 from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
@@ -35,7 +33,15 @@ from services.benchmark.splits import SplitManifest, split_items
 from shared.events import AnswerCheckUsage, BenchmarkScores, ErrorSample
 from shared.logs import get_logger
 
+if TYPE_CHECKING:
+    from services.benchmark.executor import CodeExecutor
+
 log = get_logger("ftbus.benchmark.grading")
+
+class GradingUnavailable(RuntimeError):
+    """What scoring needs cannot run here (the code executor: no engine, no image); the message says
+    what to do."""
+
 
 TEXT_SCORERS = frozenset({"gsm8k", "math", "numeric", "f1", "rouge_l", "choice"})
 
@@ -77,7 +83,12 @@ async def grade_split(
     elif scorer == "llm":
         await _llm_scores(settings, pairs, graded)
     elif scorer == "code":
-        await _code_scores(spec, pairs, graded, executor or CodeExecutor.from_settings(settings))
+        from services.benchmark.executor import CodeExecutor, CodeExecutorUnavailable
+
+        try:
+            await _code_scores(spec, pairs, graded, executor or CodeExecutor.from_settings(settings))
+        except CodeExecutorUnavailable as exc:
+            raise GradingUnavailable(f"the code executor cannot run: {exc}") from exc
     else:
         raise ValueError(f"scorer {scorer} is lm-eval's own: parse it with parse_lm_eval_output")
 
@@ -158,6 +169,9 @@ async def _code_scores(
     spec: BenchmarkSpec, pairs: Pairs, graded: Graded,
     executor: CodeExecutor,
 ) -> None:
+    from services.benchmark.code_programs import build_program
+    from services.benchmark.executor import CodeSample
+
     style = spec.code_style or "humaneval"
     samples = [
         CodeSample(key=item.id, program=build_program(style, item, strip_think(g.output)))

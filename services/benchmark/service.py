@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from services.benchmark.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPARE_ERRORS, parse_run, prepare_run
-from services.benchmark.executor import CodeExecutorUnavailable
-from services.benchmark.grading import grade_split
+from services.benchmark.grading import GradingUnavailable, grade_split
 from services.benchmark.inference import InferenceConfig, InferenceError, inference_for
 from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
@@ -229,8 +228,8 @@ async def _score_split(
                                        tokenizer_dir=model.pretrained)
     except OUTPUT_ERRORS as exc:
         return SplitRun(None, outcome, f"{name} ({label}) output unreadable: {exc}")
-    except CodeExecutorUnavailable as exc:
-        return SplitRun(None, outcome, f"benchmark ({label}): the code executor cannot run: {exc}")
+    except GradingUnavailable as exc:
+        return SplitRun(None, outcome, f"benchmark ({label}): {exc}")
     if not scores.accuracy_summary:
         return SplitRun(scores, outcome, f"{name} ({label}) produced no metrics")
     log.info("split scored", split=label, primary=scores.primary_metric, value=scores.primary_value)

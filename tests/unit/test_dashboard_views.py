@@ -146,7 +146,7 @@ def test_request_detail_has_scores_baseline_test_texts_and_timeline() -> None:
                                   "raw_execution": "raw"}
     assert [(t["stage"], t["attempts"], t["duration_s"], t["offset_s"]) for t in detail["timeline"]] == [
         ("data", 1, 2.0, 0.0), ("train", 2, 30.0, 2.0)]
-    assert detail["error_samples"] == [{"question": "q", "gold": "1", "model_output": "2"}]
+    assert detail["error_samples"] == [{"question": "q", "gold": "1", "model_output": "2", "extracted": None}]
     assert detail["loss"]["source"] == "history" and len(detail["loss"]["train"]) == 2
     assert detail["logs"] == [{"name": "training.log"}]
     # The overview never carries test-split data.

@@ -73,9 +73,10 @@ async def test_gsm8k_strict_and_flexible_per_subset(settings: Settings, tmp_path
     assert scores.scorer == "gsm8k"
     assert scores.accuracy_summary == {"main": {"strict_match": 0.25, "flexible_match": 0.5}}
     assert scores.primary_value == 0.25
-    # Errors are the items the primary metric missed, with what the scorer read from the output.
+    # Errors are the items the primary metric (strict) missed, with what the scorer read from the
+    # output (the strict answer, else the flexible one).
     assert [(e.question, e.extracted) for e in scores.error_samples] == [
-        ("What is 1 + 1?", None), ("What is 2 + 2?", "5"), ("What is 3 + 3?", "1,0")]
+        ("What is 1 + 1?", "2"), ("What is 2 + 2?", "5"), ("What is 3 + 3?", "1,0")]
     assert scores.notes[0] == "generated with greedy decoding"
 
 
