@@ -33,8 +33,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+from ftbus.benchmarks_cli import benchmarks_app  # noqa: E402
+from ftbus.benchmarks_cli import score as score_command  # noqa: E402
+
 assets_app = typer.Typer(help="Offline assets: base models, raw datasets, benchmarks.", no_args_is_help=True)
 app.add_typer(assets_app, name="assets")
+app.add_typer(benchmarks_app, name="benchmarks")
+app.command("score")(score_command)
 
 err = Console(stderr=True)
 out = Console()
