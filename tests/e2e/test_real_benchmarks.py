@@ -49,7 +49,7 @@ async def _generate_and_grade(benchmark: str, assets: Path, toolchain: Path, tmp
 async def test_gsm8k_format_is_generated_by_lm_eval_and_scored_strict_and_flexible(
     real_assets: Path, toolchain_bin: Path, tmp_path: Path
 ) -> None:
-    spec, manifest, _, scores = await _generate_and_grade("gsm8k-synth", real_assets, toolchain_bin, tmp_path)
+    _, manifest, _, scores = await _generate_and_grade("gsm8k-synth", real_assets, toolchain_bin, tmp_path)
     assert scores.scorer == "gsm8k" and scores.primary_metric == "strict_match"
     subsets = {s for s, ids in manifest.item_ids.items() if ids}
     assert set(scores.accuracy_summary) == subsets

