@@ -84,7 +84,7 @@ def test_humaneval_comes_with_the_package(tmp_path: Path) -> None:
 ])
 def test_bad_files_are_refused_naming_file_and_row(tmp_path: Path, rows: list[dict], message: str) -> None:
     path = _jsonl(tmp_path / "bad.jsonl", rows)
-    with pytest.raises(BenchmarkImportError, match="bad.jsonl") as caught:
+    with pytest.raises(BenchmarkImportError, match=r"bad\.jsonl") as caught:
         import_benchmark(tmp_path / "assets", "gsm8k", path)
     assert message in str(caught.value)
     assert not (tmp_path / "assets" / "benchmarks" / "gsm8k").exists()
