@@ -271,6 +271,90 @@ def review_records(exclude_questions: set[str], n: int = 600) -> list[dict[str, 
     return rows
 
 
+# ------------------------------------------------------------------ grade-school arithmetic, in GSM8K's format
+#
+# The gsm8k-synth benchmark and the grade-school-arith dataset come from one generator, in GSM8K's
+# own schema (`question`, and an `answer` that works the problem out and ends in `#### <number>`),
+# scored by the real GSM8K scorer. What a tiny model can learn in a minute is reading a number
+# written as a word: each problem names a quantity in words ("seven apples") that the story leaves
+# unchanged, and the answer restates it in digits. The benchmark's questions (names, objects,
+# stories) never occur in the training data.
+
+NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+ARITH_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Kira", "Liam",
+               "Maya", "Noah", "Olga", "Pablo", "Quinn", "Rosa", "Sam", "Tara"]
+ARITH_OBJECTS = ["apples", "pencils", "marbles", "stickers", "books", "cookies", "shells", "stamps", "coins",
+                 "cards", "balloons", "buttons"]
+ARITH_STORIES = [
+    ("{name} has {word} {obj} and gives none of them away. How many {obj} does {name} have now?",
+     "{name} gave none away, so {name} still has {n} {obj}."),
+    ("{name} buys {word} {obj}. Later {name} loses zero {obj}. How many {obj} are left?",
+     "Nothing was lost, so {n} {obj} are left."),
+    ("There are {word} {obj} in {name}'s bag, and nobody takes any. How many {obj} are in the bag?",
+     "Nobody took any, so the bag holds {n} {obj}."),
+]
+
+
+def _arith_problem(rng: random.Random, names: list[str], objects: list[str]) -> dict[str, str]:
+    n = rng.randint(1, len(NUMBER_WORDS))
+    question, working = rng.choice(ARITH_STORIES)
+    name, obj = rng.choice(names), rng.choice(objects)
+    values = {"name": name, "obj": obj, "word": NUMBER_WORDS[n - 1], "n": n}
+    return {"question": question.format(**values), "answer": f"{working.format(**values)}\n#### {n}"}
+
+
+def grade_school_items() -> tuple[dict[str, list[dict[str, str]]], list[dict[str, str]]]:
+    """The gsm8k-synth benchmark (40 items: 20 validation, 20 test) and 600 training records; the
+    benchmark's names and objects are held out of the training records, so no question repeats."""
+    rng = random.Random(SEED + 4)
+    held_names, held_objects = ARITH_NAMES[:5], ARITH_OBJECTS[:3]
+    train_names, train_objects = ARITH_NAMES[5:], ARITH_OBJECTS[3:]
+    bench = [{"id": f"gs-{i:03d}", **p}
+             for i, p in enumerate(_unique(rng, lambda: _arith_problem(rng, held_names, held_objects), 40))]
+    train = [{"id": f"ga-{i:04d}", **p}
+             for i, p in enumerate(_unique(rng, lambda: _arith_problem(rng, train_names, train_objects), 600))]
+    return {"word_numbers": bench}, train
+
+
+def _unique(rng: random.Random, make: Callable[[], dict[str, str]], n: int) -> list[dict[str, str]]:
+    seen: set[str] = set()
+    out = []
+    while len(out) < n:
+        problem = make()
+        if problem["question"] not in seen:
+            seen.add(problem["question"])
+            out.append(problem)
+    return out
+
+
+GRADE_SCHOOL_README = (
+    "# grade-school-arith\n\nSynthetic grade-school word problems in GSM8K's own format, one JSON object a line in\n"
+    "`raw.jsonl`: `{id, question, answer}`, the answer worked out and ending in `#### <number>`. The\n"
+    "gsm8k-synth benchmark comes from the same generator, with names and objects held out of these\n"
+    "records. Built by ftbus/toolchain/build_assets.py.\n"
+)
+GSM8K_SYNTH = {
+    "name": "gsm8k-synth", "version": 1,
+    "description": "Synthetic grade-school word problems in GSM8K's format, scored by the GSM8K scorer.",
+    "source": "synthetic (ftbus/toolchain/build_assets.py), GSM8K's schema",
+    "kind": "generate_until", "scorer": "gsm8k", "primary_metric": "strict_match", "higher_is_better": True,
+    "prompt": "Question: {{question}}\nAnswer:",
+    "generation": {"max_gen_toks": 48, "until": ["Question:", "\n\n"]},
+    "subsets": [{"name": "word_numbers", "file": "word_numbers.jsonl"}],
+}
+#: The tiny model is evaluated greedily: its scores are the same run to run (docs/benchmarks.md).
+TINY_INFERENCE = "# Sampling of this model in benchmarks (services/benchmark/inference.py).\ngreedy: true\n"
+
+
+def build_gsm8k_synth(dest: Path, subsets: dict[str, list[dict[str, str]]]) -> None:
+    import yaml
+
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "benchmark.yaml").write_text(yaml.safe_dump(GSM8K_SYNTH, sort_keys=False, allow_unicode=True))
+    for subset, items in subsets.items():
+        _write_jsonl(dest / f"{subset}.jsonl", items)
+
+
 # ------------------------------------------------------------------ builders
 
 
@@ -402,9 +486,18 @@ def build_all(assets: Path, force: bool = False) -> list[str]:
     for name, subsets in benches.items():
         steps.append((assets / "benchmarks" / name,
                       lambda d, name=name, subsets=subsets: build_benchmark(d, name, subsets)))
+    grade_school, grade_school_records = grade_school_items()
+    steps += [
+        (assets / "datasets" / "grade-school-arith",
+         lambda d: build_dataset(d, grade_school_records, GRADE_SCHOOL_README)),
+        (assets / "benchmarks" / "gsm8k-synth", lambda d: build_gsm8k_synth(d, grade_school)),
+    ]
     for dest, builder in steps:
         built = _build(dest, builder, force)
         report.append(f"{'built' if built else 'up to date'}: {dest}")
+    inference = assets / "models" / "tiny-llama" / "ftbus_inference.yaml"
+    if not inference.is_file() or inference.read_text() != TINY_INFERENCE:
+        inference.write_text(TINY_INFERENCE)
     readme = assets / "benchmarks" / "README.md"
     if force or not readme.is_file() or readme.read_text() != BENCHMARKS_README:
         readme.write_text(BENCHMARKS_README)
