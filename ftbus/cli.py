@@ -34,7 +34,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 from ftbus.benchmarks_cli import benchmarks_app  # noqa: E402
-from ftbus.benchmarks_cli import score as score_command  # noqa: E402
+from ftbus.score import score as score_command  # noqa: E402
 
 assets_app = typer.Typer(help="Offline assets: base models, raw datasets, benchmarks.", no_args_is_help=True)
 app.add_typer(assets_app, name="assets")

