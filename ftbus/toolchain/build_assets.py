@@ -12,11 +12,15 @@ and skipped when its stamp matches this script's hash, so re-running is cheap an
 an asset behind):
 
     models/tiny-llama/            LlamaForCausalLM (hidden 64, 2 layers, 4 heads) + tokenizer.json
+                                  + ftbus_inference.yaml (greedy)
     datasets/tiny-qa/raw.jsonl    synthetic {id, kind, question, answer} records
     datasets/tiny-reviews/raw.jsonl   synthetic restaurant and film reviews labelled positive/negative
+    datasets/grade-school-arith/raw.jsonl   synthetic word problems in GSM8K's format {id, question, answer}
     benchmarks/tiny-arith/        benchmark.yaml (generate_until, exact_match) + one jsonl per subset
     benchmarks/tiny-arith-mc/     benchmark.yaml (multiple_choice, acc) + one jsonl per subset
     benchmarks/tiny-sentiment/    benchmark.yaml (generate_until, exact_match): "positive" or "negative"
+    benchmarks/gsm8k-synth/       benchmark.yaml (generate_until, scorer gsm8k, strict_match): held out
+                                  of grade-school-arith (examples/gsm8k learns it in under a minute)
     benchmarks/README.md          the registry folder format
 """
 
@@ -278,7 +282,9 @@ def review_records(exclude_questions: set[str], n: int = 600) -> list[dict[str, 
 # scored by the real GSM8K scorer. What a tiny model can learn in a minute is reading a number
 # written as a word: each problem names a quantity in words ("seven apples") that the story leaves
 # unchanged, and the answer restates it in digits. The benchmark's questions (names, objects,
-# stories) never occur in the training data.
+# stories) never occur in the training data. Measured (2 CPU cores): a full fine-tune of tiny-llama,
+# 300 steps of 8 (examples/gsm8k, ~50 s), takes strict match from 0 to 0.90 on the validation half
+# and 0.95 on all 40; LoRA (rank 8, which leaves embeddings and output layer alone) gets ~0.2.
 
 NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 ARITH_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Kira", "Liam",

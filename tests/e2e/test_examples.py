@@ -20,11 +20,13 @@ pytestmark = pytest.mark.e2e
 TASKS = {
     "lora": ("tiny-sentiment", "tiny-reviews", {"food", "films"}),
     "full": ("tiny-arith", "tiny-qa", {"addition", "subtraction"}),
+    # GSM8K's format, scored by the GSM8K scorer on held-out word problems.
+    "gsm8k": ("gsm8k-synth", "grade-school-arith", {"word_numbers"}),
 }
 
 
 @pytest.mark.timeout(900)  # real training on 2 loaded cores: minutes, not the suite's default 300 s
-@pytest.mark.parametrize("example", ["lora", "full"])
+@pytest.mark.parametrize("example", ["lora", "full", "gsm8k"])
 async def test_example_passes_for_real(
     example: str, nats_server: EmbeddedServer, real_assets: Path, toolchain_bin: Path, tmp_path: Path
 ) -> None:
@@ -56,6 +58,11 @@ async def test_example_passes_for_real(
         assert set(bench.accuracy_summary) == subsets
         baseline = verdict.result.baseline
         assert baseline is not None and baseline.difference is not None
+        if example == "gsm8k":
+            # The base model never writes `#### n`; the candidate does, on problems it never saw.
+            assert bench.scorer == "gsm8k" and bench.primary_metric == "strict_match"
+            assert baseline.baseline_value == 0.0, baseline
+            assert baseline.candidate_value is not None and baseline.candidate_value >= 0.75, baseline
         if example == "lora":
             # The demo's claim: the base model never answers "positive"/"negative"; the candidate
             # does, on reviews it never saw (20 per subset: 0.5 is ten items, far beyond noise).
