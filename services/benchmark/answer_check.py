@@ -21,18 +21,14 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
-from tenacity.wait import wait_base
 
 from services.benchmark.scorers import strip_think
+from shared.llm_retry import Backoff, is_transient
 from shared.logs import get_logger
 
 CONCURRENCY = 8
 ATTEMPTS = 3  # "retried a little": a check is cheap to lose, the cascade falls back to the rule
-BACKOFF_INITIAL_S = 1.0
-BACKOFF_MAX_S = 30.0
-RETRY_AFTER_MAX_S = 60.0
 OUTPUT_TAIL_CHARS = 2000  # the final answer is at the end; the reasoning before it is not graded
-_RETRYABLE_STATUS = {408, 409, 429}
 NO_LLM_NOTE = "no LLM configured: the rule alone"
 
 SYSTEM_PROMPT = (
@@ -102,33 +98,6 @@ def answer_model(settings: Any) -> str | None:
 # ---------------------------------------------------------------- transport (after services/judge/llm.py)
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, openai.APIConnectionError | TimeoutError):  # includes APITimeoutError
-        return True
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500
-    return False
-
-
-def _retry_after(exc: BaseException | None) -> float | None:
-    if not isinstance(exc, openai.APIStatusError):
-        return None
-    value = exc.response.headers.get("retry-after")
-    try:
-        return min(float(value), RETRY_AFTER_MAX_S) if value else None
-    except ValueError:
-        return None  # an HTTP date: rare enough to fall back to our own backoff
-
-
-class _Backoff(wait_base):
-    """Exponential backoff that honours a server's Retry-After when it asks for longer."""
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        exp = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (retry_state.attempt_number - 1))
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
-        return max(exp, _retry_after(exc) or 0.0)
-
-
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, openai.APIStatusError):
         return exc.message[:300]  # the client's "Error code: <status> - <the server's message>"
@@ -190,8 +159,8 @@ class _Run:
             return time.monotonic() + retry_state.upcoming_sleep >= deadline
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception(_is_transient),
-            wait=_Backoff(),
+            retry=retry_if_exception(is_transient),
+            wait=Backoff(),
             stop=stop_after_attempt(ATTEMPTS) | out_of_time,
             reraise=True,
         )

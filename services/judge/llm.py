@@ -23,17 +23,13 @@ import openai
 from openai.types.chat import ChatCompletion
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
-from tenacity.wait import wait_base
 
 from services.judge.prompts import JudgeTemplates, render_retry_note, templates_for
 from shared.errors import ExplainedError
+from shared.llm_retry import Backoff, is_transient
 from shared.logs import get_logger
 from shared.settings import Settings
 
-BACKOFF_INITIAL_S = 1.0
-BACKOFF_MAX_S = 30.0
-RETRY_AFTER_MAX_S = 60.0
-_RETRYABLE_STATUS = {408, 409, 429}
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 
 
@@ -112,33 +108,6 @@ def parse_answer(content: str | None) -> LlmAnswer:
 # ---------------------------------------------------------------- transport
 
 
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, openai.APIConnectionError | TimeoutError):  # includes APITimeoutError
-        return True
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500
-    return False
-
-
-def _retry_after(exc: BaseException | None) -> float | None:
-    if not isinstance(exc, openai.APIStatusError):
-        return None
-    value = exc.response.headers.get("retry-after")
-    try:
-        return min(float(value), RETRY_AFTER_MAX_S) if value else None
-    except ValueError:
-        return None  # an HTTP date: rare enough to fall back to our own backoff
-
-
-class _Backoff(wait_base):
-    """Exponential backoff that honours a server's Retry-After when it asks for longer."""
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        exp = min(BACKOFF_MAX_S, BACKOFF_INITIAL_S * 2 ** (retry_state.attempt_number - 1))
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
-        return max(exp, _retry_after(exc) or 0.0)
-
-
 @dataclass
 class _Deadline:
     at: float
@@ -206,8 +175,8 @@ async def _complete(
         )
 
     retrying = AsyncRetrying(
-        retry=retry_if_exception(_is_transient),
-        wait=_Backoff(),
+        retry=retry_if_exception(is_transient),
+        wait=Backoff(),
         stop=deadline.stop,
         before_sleep=log_retry,
         reraise=True,
@@ -226,7 +195,7 @@ async def _complete(
     except (_InvalidAnswer, LlmJudgeUnavailable):
         raise
     except Exception as exc:
-        if _is_transient(exc):
+        if is_transient(exc):
             raise LlmJudgeUnavailable(
                 f"LLM endpoint unavailable within the {deadline.budget_s:g} s time budget: {_describe(exc)}"
             ) from exc

@@ -18,6 +18,7 @@ from services.benchmark.answer_check import (
     parse_verdict,
     rule_misses,
 )
+from shared import llm_retry
 from shared.settings import Settings
 from tests.fakes.openai_server import FakeOpenAIServer, Received, Reply, answer, error
 
@@ -99,7 +100,7 @@ async def test_budget_stop(tmp_path: Path) -> None:
 
 
 async def test_transient_errors_are_retried_a_little(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(answer_check, "BACKOFF_INITIAL_S", 0.01)
+    monkeypatch.setattr(llm_retry, "BACKOFF_INITIAL_S", 0.01)
     with FakeOpenAIServer(default=answer("correct")) as srv:
         srv.script(error(503), answer("INCORRECT"))
         check = await check_answers(settings(tmp_path, srv), cases(1))
