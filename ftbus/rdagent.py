@@ -180,7 +180,10 @@ def benchmark_result(scores: BenchmarkScores | None) -> dict[str, Any]:
         return {}
     return {
         "accuracy_summary": {ds: dict(metrics) for ds, metrics in scores.accuracy_summary.items()},
-        "error_samples": [s.model_dump() for s in scores.error_samples],
+        # RD-Agent reads exactly these three keys; ftbus's own ``extracted`` stays in the report.
+        "error_samples": [
+            {"question": s.question, "gold": s.gold, "model_output": s.model_output} for s in scores.error_samples
+        ],
     }
 
 
