@@ -62,6 +62,7 @@ async def _cpu_ms(server_pid: int | None, step: Callable[[], Awaitable[object]])
 
 async def measure(finished: int, open_count: int, root: Path) -> list[dict[str, object]]:
     from ftbus.embedded import EmbeddedServer
+    from ftbus.stages import PIPELINE
     from services.aggregator.service import Aggregator
     from shared.bus import Bus
     from shared.events import utcnow
@@ -74,8 +75,8 @@ async def measure(finished: int, open_count: int, root: Path) -> list[dict[str, 
     bus = await Bus.connect(Settings(home=root / "home", nats_url=url, log_level="WARNING"), name="bench-sweep")
     try:
         await bus.ensure_topology()
-        aggregator = Aggregator(bus)
-        records = await aggregator.kv()
+        aggregator = Aggregator(bus, PIPELINE)
+        records = await aggregator.store.bucket()
         size = len(finished_record("r0").stored_json())
         batch = 200
         for start in range(0, finished, batch):
@@ -88,10 +89,10 @@ async def measure(finished: int, open_count: int, root: Path) -> list[dict[str, 
 
         async def read_everything() -> None:
             for key in await list_keys(bus.js, bus.subjects.kv_requests):
-                await aggregator.get(key)
+                await aggregator.store.get(key)
 
-        first = await _cpu_ms(server.pid, aggregator.sweep)
-        later = await _cpu_ms(server.pid, aggregator.sweep)
+        first = await _cpu_ms(server.pid, aggregator.sweeper.sweep)
+        later = await _cpu_ms(server.pid, aggregator.sweeper.sweep)
         before = await _cpu_ms(server.pid, read_everything)
     finally:
         await bus.close()

@@ -282,7 +282,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.data),
                 ("its results; undecodable input -> dead letter; progress (core NATS, not persisted)",
-                 [s.data_completed, s.data_failed, s.dlq, s.progress()]),
+                 [s.completed("data"), s.failed("data"), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.data),
                 ("artifacts: read the workspace (metadata get + ordered consumer on the chunks) and write\n"
@@ -305,7 +305,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.train),
                 ("its results, dead letters, progress (step, total, loss, ETA)",
-                 [s.train_completed, s.train_failed, s.dlq, s.progress()]),
+                 [s.completed("train"), s.failed("train"), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.train),
                 ("artifacts: workspace + data.json in, outputs and logs out",
@@ -332,7 +332,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.bench),
                 ("its results, the hidden split (write only), dead letters, progress",
-                 [s.bench_completed, s.bench_failed, s.bench_test, s.dlq, s.progress()]),
+                 [s.completed("bench"), s.failed("bench"), s.bench_test, s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.bench),
                 ("artifacts: training outputs in; validation logs out",
@@ -350,9 +350,9 @@ def users(subjects: Subjects | None = None) -> list[User]:
 
     judge = User(
         "judge",
-        f"`ftbus worker judge`: its consumer reads {s.bench_completed} and the three *.failed\n"
+        f"`ftbus worker judge`: its consumer reads {s.completed('bench')} and the three *.failed\n"
         f"subjects of {s.stream_events} (never {s.bench_test}, which is not in that stream); it\n"
-        f"publishes {s.judge_completed}. It must NOT read {s.bench_test}, {s.stream_test},\n"
+        f"publishes {s.completed('judge')}. It must NOT read {s.bench_test}, {s.stream_test},\n"
         f"{p}.report.>, {s.stream_reports}, the full records, the bench stage's results or the private\n"
         "store, nor read or write the cache store.",
         Rules(
@@ -360,7 +360,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.judge),
                 ("its verdict input for the aggregator, dead letters, progress",
-                 [s.judge_completed, s.dlq, s.progress()]),
+                 [s.completed("judge"), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.judge),
                 ("artifacts, read only: train.yaml and the stage logs it judges", t.store_read(artifacts)),

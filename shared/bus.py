@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import nats
@@ -24,7 +24,6 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from shared import codec
 from shared.artifacts import ArtifactStore, FilesystemArtifacts, ObjectStoreArtifacts
 from shared.events import Stage
-from shared.jetstream import LeanJetStream
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.subjects import Subjects
@@ -145,7 +144,7 @@ class Bus:
 
     def __init__(self, nc: NatsClient, settings: Settings) -> None:
         self.nc = nc
-        self.js: JetStreamContext = LeanJetStream(nc)  # nats-py's, with a lighter publish
+        self.js: JetStreamContext = nc.jetstream()
         self.settings = settings
         self.subjects = Subjects(settings.subject_prefix)
         self._kv: dict[str, KeyValue] = {}
@@ -412,6 +411,17 @@ class Bus:
         # editable fields (ack_wait, max_deliver, filters), so every worker may call this.
         await self.js.add_consumer(stream, config)
 
+    async def consume(
+        self, stream: str, durable: str, filters: Sequence[str], on_message: Callable[[Any, Any], Awaitable[None]],
+        stop: asyncio.Event, *, concurrency: int = 1, device_slots: int | None = None, what: str = "",
+    ) -> None:
+        """Hand ``durable``'s messages to ``on_message(msg, slot)`` until ``stop`` (shared/consumer.py).
+        A method of the bus so that tests can run a worker on the in-memory bus (tests/memory_bus.py)."""
+        from shared.consumer import consume
+
+        await consume(self, stream, durable, filters, on_message, stop, concurrency=concurrency,
+                      device_slots=device_slots, what=what)
+
     # ------------------------------------------------------------------ publishing
 
     async def publish(
@@ -425,18 +435,10 @@ class Bus:
     ) -> api.PubAck:
         """:meth:`publish` of an event already encoded (``codec.encode``)."""
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        try:
-            # The first attempt outside tenacity: building its retry state costs more than the
-            # publish itself, and this is on every hop of every request (docs/design.md, §9).
-            return await self.js.publish(subject, payload, headers=headers, timeout=10)
-        except _RETRYABLE_PUBLISH:
-            if retries <= 1:
-                raise
-        await asyncio.sleep(0.2)  # tenacity's first wait below, which it only takes between its attempts
         # The de-duplication id makes a retry safe: a publish that did land is not stored twice.
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(_RETRYABLE_PUBLISH),
-            stop=stop_after_attempt(retries - 1),
+            stop=stop_after_attempt(retries),
             wait=wait_exponential(multiplier=0.2, max=5),
             reraise=True,
         ):

@@ -27,15 +27,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats
 from nats.aio.msg import Msg
 
-from shared.bus import Bus
 from shared.logs import get_logger
 from shared.retry import retry_transient
 from shared.tasks import cancel_until_done
+
+if TYPE_CHECKING:
+    from shared.bus import Bus
 
 log = get_logger("ftbus.consumer")
 

@@ -1,31 +1,36 @@
 """A stage's wiring, declared beside its handler (each ``services/<stage>/`` module's ``SPEC``).
 
-What its durable consumer reads (``consumes``), which events it accepts, what it publishes
-(``emits``), its handler, and how it runs. The pipeline (``ftbus/stages.py``) is the list of these:
-the CLI's stages, each consumer's subject filters and the progress views' order and labels are all
-derived from it, not kept elsewhere.
+A spec is one row of the pipeline table (``ftbus/stages.py``): what its durable consumer reads
+(``consumes``), which events it accepts, what it publishes (``emits``), its handler and how it runs,
+and what the rest of the system needs to know of it: its result type (published on
+``<stage>.completed`` and ``<stage>.failed``), its name in the record and the verdict
+(``record_name``), how long it may run (``timeout``) and the stage that follows it (``next``). The
+CLI, each consumer's filters, the aggregator's record transitions and sweeper, the judge's view of
+the stages that ran, the permission generator and the progress views all derive from the table.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from shared.events import Stage
+from shared.events import FailedStage, Stage
+from shared.logs import get_logger
 from shared.quota import with_quota
-from shared.runner import Runner
+from shared.runner import Runner, reap_orphans
 from shared.runtime import Handler, Policy, StageWorker, stage_policies
 from shared.settings import Settings
 from shared.stage_runner import make_runner
 from shared.subjects import Subjects
 
 if TYPE_CHECKING:
-    import asyncio
-
     from shared.bus import Bus
+
+log = get_logger("ftbus.stage")
 
 SubjectsOf = Callable[[Subjects], list[str]]
 
@@ -60,6 +65,26 @@ class StageSpec:
     #: Policies its worker runs besides :func:`shared.runtime.stage_policies` (e.g. the bench
     #: worker's warm engine, stopped when the worker stops).
     extra_policies: Callable[[], Sequence[Policy]] = tuple
+    # ---- what the rest of the pipeline knows of it
+    #: The event it publishes on ``<stage>.completed`` (and ``<stage>.failed``); None: it
+    #: publishes no stage result (the aggregator).
+    result: type[BaseModel] | None = None
+    #: It publishes the candidate's failures there on ``<stage>.failed`` (the judge judges them).
+    fails: bool = True
+    #: Its name in the record and in a verdict's ``failed_stage`` (the reference evaluator's words).
+    record_name: FailedStage = FailedStage.aggregate
+    #: How messages name it ("ERROR in the data processing stage").
+    words: str = ""
+    #: How long one of its runs may take (a setting): the sweeper ends a request silent for longer.
+    timeout: Callable[[Settings], float] = lambda settings: settings.data_timeout_s
+    #: The stage that reads its results when it succeeded; None: the end of the line.
+    next: Stage | None = None
+
+    def subjects(self, s: Subjects) -> list[str]:
+        """Where its results are published: ``<stage>.completed``, and ``<stage>.failed`` if it fails."""
+        if self.result is None:
+            return []
+        return [s.completed(self.stage), *([s.failed(self.stage)] if self.fails else [])]
 
     def concurrency_in(self, settings: Settings, override: int | None = None) -> int:
         """How many messages a worker of this stage handles at once: ``override`` (``--concurrency``),
@@ -76,7 +101,13 @@ class StageSpec:
         if self.entry is not None:
             await self.entry(bus, stop, concurrency, pipeline)
             return
-        runner = make_runner(bus.settings, self.stage.value) if self.sandboxed else None
+        runner = None
+        if self.sandboxed:
+            # A worker of this host that died left its candidate's processes running: kill them first.
+            orphans = await asyncio.to_thread(reap_orphans)
+            if orphans:
+                log.warning("killed candidate processes left by a dead worker", pids=orphans, stage=self.stage.value)
+            runner = make_runner(bus.settings, self.stage.value)
         if runner is not None and self.disk_quota is not None:
             settings = bus.settings
             runner = with_quota(runner, max_bytes=self.disk_quota(settings), max_files=settings.run_max_files,
@@ -85,8 +116,11 @@ class StageSpec:
 
     def worker(self, bus: Bus, *, concurrency: int = 1, runner: Runner | None = None,
                policies: Sequence[Policy] | None = None) -> StageWorker:
-        """This stage's worker, its consumer filtered on what the stage consumes."""
+        """This stage's worker, its consumer filtered on what the stage consumes. A stage that runs
+        candidate code must be given its runner (the sandbox: shared/stage_runner.py)."""
         assert self.handler is not None, f"{self.stage.value} has no plain handler"
+        if self.sandboxed and runner is None:
+            raise ValueError(f"the {self.stage.value} stage runs candidate code: give its worker a runner")
         if policies is None:
             policies = (*stage_policies(), *self.extra_policies())
         slots = concurrency if self.device_phase else None

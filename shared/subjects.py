@@ -29,37 +29,17 @@ class Subjects:
     def cancel(self) -> str:
         return f"{self.prefix}.control.cancel"
 
-    @property
-    def data_completed(self) -> str:
-        return f"{self.prefix}.data.completed"
+    def completed(self, stage: str) -> str:
+        """Where ``stage`` (a pipeline stage's name) publishes its result when it succeeded."""
+        return f"{self.prefix}.{stage}.completed"
 
-    @property
-    def data_failed(self) -> str:
-        return f"{self.prefix}.data.failed"
-
-    @property
-    def train_completed(self) -> str:
-        return f"{self.prefix}.train.completed"
-
-    @property
-    def train_failed(self) -> str:
-        return f"{self.prefix}.train.failed"
-
-    @property
-    def bench_completed(self) -> str:
-        return f"{self.prefix}.bench.completed"
-
-    @property
-    def bench_failed(self) -> str:
-        return f"{self.prefix}.bench.failed"
+    def failed(self, stage: str) -> str:
+        """Where ``stage`` publishes its result when the candidate failed there."""
+        return f"{self.prefix}.{stage}.failed"
 
     @property
     def bench_test(self) -> str:
         return f"{self.prefix}.bench.test"
-
-    @property
-    def judge_completed(self) -> str:
-        return f"{self.prefix}.judge.completed"
 
     @property
     def dlq(self) -> str:
@@ -104,16 +84,11 @@ class Subjects:
         return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream or self.stream_events}.{durable}"
 
     def event_stream_subjects(self) -> list[str]:
-        p = self.prefix
-        return [
-            f"{p}.eval.requested",
-            f"{p}.control.cancel",
-            f"{p}.data.*",
-            f"{p}.train.*",
-            f"{p}.bench.completed",
-            f"{p}.bench.failed",
-            f"{p}.judge.*",
-        ]
+        """The events stream's subjects: the request, cancels, and each stage's results (the hidden
+        test split's excepted: it has a stream of its own)."""
+        stages = [stage for stage in Stage if stage is not Stage.aggregate]
+        return [self.eval_requested, self.cancel,
+                *(subject for stage in stages for subject in (self.completed(stage), self.failed(stage)))]
 
     # ----------------------------------------------------------- consumers
 

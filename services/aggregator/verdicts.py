@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 from shared.events import (
-    RECORD_NAMES,
-    STAGE_WORDS,
     FailedStage,
     JudgeResult,
     Report,
-    Stage,
     Verdict,
     VerdictResult,
 )
 from shared.records import RequestRecord
-
-
-def _record_name(stage: str | None, default: FailedStage) -> FailedStage:
-    return RECORD_NAMES[Stage(stage)] if stage in Stage.__members__ else default
-
-
-def _words(stage: str | None, default: str) -> str:
-    return STAGE_WORDS[Stage(stage)] if stage in Stage.__members__ else (stage or default)
+from shared.stagespec import StageSpec
 
 
 def verdict_from_judge(judge: JudgeResult) -> Verdict:
@@ -42,9 +32,9 @@ def verdict_from_judge(judge: JudgeResult) -> Verdict:
     )
 
 
-def error_verdict(record: RequestRecord, stage: str | None, reason: str) -> Verdict:
-    """An infrastructure failure: not the candidate's fault, and said so."""
-    words = _words(stage, "an unknown stage")
+def error_verdict(record: RequestRecord, row: StageSpec | None, reason: str) -> Verdict:
+    """An infrastructure failure in ``row``'s stage (None: unknown): not the candidate's fault, and said so."""
+    words = row.words if row is not None else "unknown"
     return Verdict(
         request_id=record.request_id,
         status="error",
@@ -53,14 +43,14 @@ def error_verdict(record: RequestRecord, stage: str | None, reason: str) -> Verd
         code="Nothing to change in the candidate for this error. Resubmit it; if the error repeats, "
         "operators should inspect the dead-letter stream (ftbus.dlq) and the worker logs for this request.",
         final_decision=False,
-        failed_stage=_record_name(stage, FailedStage.aggregate),
+        failed_stage=row.record_name if row is not None else FailedStage.aggregate,
         result=_partial_result(record),
     )
 
 
-def cancelled_verdict(record: RequestRecord, reason: str) -> Verdict:
-    stage = record.stage
-    where = f"during {_words(stage, stage or '')}" if stage else "before any stage started"
+def cancelled_verdict(record: RequestRecord, reason: str, row: StageSpec | None) -> Verdict:
+    """``row``: the stage the request was in, None before any started."""
+    where = f"during {row.words}" if row is not None else "before any stage started"
     return Verdict(
         request_id=record.request_id,
         status="cancelled",
@@ -68,7 +58,7 @@ def cancelled_verdict(record: RequestRecord, reason: str) -> Verdict:
         return_checking="No benchmark result: the request was cancelled.",
         code="The candidate was not evaluated.",
         final_decision=False,
-        failed_stage=_record_name(stage, FailedStage.cancelled),
+        failed_stage=row.record_name if row is not None else FailedStage.cancelled,
         result=_partial_result(record),
     )
 

@@ -146,7 +146,7 @@ def _result(
     s = ctx.subjects
     if split == "test":
         return Outgoing(s.bench_test, result, "test")
-    return Outgoing(s.bench_completed if ok else s.bench_failed, result, "completed" if ok else "failed")
+    return Outgoing(s.completed("bench") if ok else s.failed("bench"), result, "completed" if ok else "failed")
 
 
 async def _run_split(
@@ -385,12 +385,18 @@ def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None
 SPEC = StageSpec(
     stage=Stage.bench,
     label="benchmark",
-    consumes=lambda s: [s.train_completed],
+    consumes=lambda s: [s.completed("train")],
     accepts=(TrainResult,),
     # The test split goes to its own stream, which only the aggregator reads.
-    emits=lambda s: [s.bench_completed, s.bench_failed, s.bench_test],
+    emits=lambda s: [s.completed("bench"), s.failed("bench"), s.bench_test],
     handler=handle,
     sandboxed=True,
     # The worker's warm engine (services/benchmark/warm.py) stops with it.
     extra_policies=lambda: (EnginePolicy(),),
+    result=BenchResult,
+    record_name=FailedStage.benchmark,
+    words="benchmark",
+    # Two splits, one after the other.
+    timeout=lambda settings: 2 * settings.bench_timeout_s,
+    next=Stage.judge,
 )

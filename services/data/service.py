@@ -47,7 +47,7 @@ STATS_FILE = "data_stats.json"
 
 
 def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: str,
-            summary: DataSummary | None = None, *, stored: bool = True) -> list[Outgoing]:
+            summary: DataSummary | None = None) -> list[Outgoing]:
     ctx.tell(failed_stage=stage.value, error=error)  # on the handling's `stage finished` line
     result = DataResult(
         request_id=event.request_id,
@@ -57,7 +57,7 @@ def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: 
         failed_stage=stage,
         error=error,
     )
-    return [Outgoing(ctx.subjects.data_failed, result, "failed", stored=stored)]
+    return [Outgoing(ctx.subjects.failed("data"), result, "failed")]
 
 
 async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
@@ -70,9 +70,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         max_config_bytes=settings.max_train_yaml_bytes,
     )
     if problem:
-        # Decided from the request and the assets alone, in microseconds: a redelivery decides it
-        # again rather than reading a stored copy (no store write on this hop).
-        return _failed(event, ctx, FailedStage.precheck, problem, stored=False)
+        return _failed(event, ctx, FailedStage.precheck, problem)
 
     workspace = ctx.workdir / "workspace"
     await materialise(ctx.artifacts, context.workspace, workspace)
@@ -94,7 +92,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         )
         summary = DataSummary(data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=True, cache_key=key)
         ok = DataResult(request_id=event.request_id, ok=True, context=context, data=summary)
-        return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
+        return [Outgoing(ctx.subjects.completed("data"), ok, "completed")]
 
     timeout = settings.timeout_for("data_processing", context.timeouts.data_processing)
     log_path = ctx.workdir / "data_processing.log"
@@ -139,7 +137,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     )
     ctx.tell(samples=stats.total_samples, cached=False, cache_key=key)
     ok = DataResult(request_id=rid, ok=True, context=context, data=summary)
-    return [Outgoing(ctx.subjects.data_completed, ok, "completed")]
+    return [Outgoing(ctx.subjects.completed("data"), ok, "completed")]
 
 
 #: One limit on process_data.py runs per worker (per event loop): the stage itself handles many
@@ -221,8 +219,10 @@ def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
 
 SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
                  consumes=lambda s: [s.eval_requested], accepts=(EvalRequested,),
-                 emits=lambda s: [s.data_completed, s.data_failed],
+                 emits=lambda s: [s.completed("data"), s.failed("data")],
                  disk_quota=lambda settings: settings.data_disk_quota_bytes,
                  # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart
                  # (data_concurrent_runs).
-                 concurrency=32)
+                 concurrency=32,
+                 result=DataResult, record_name=FailedStage.data_processing, words="data processing",
+                 timeout=lambda settings: settings.data_timeout_s, next=Stage.train)

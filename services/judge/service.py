@@ -14,7 +14,6 @@ from shared.artifacts import ArtifactError
 from shared.events import ArtifactRef, BenchResult, DataResult, FailedStage, JudgeResult, Stage, TrainResult
 from shared.logs import get_logger
 from shared.runtime import Outgoing, StageContext
-from shared.settings import Settings
 from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.judge")
@@ -31,15 +30,7 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
     ctx.tell(final_decision=result.feedback.final_decision, rules_decision=result.judge.rules_decision,
              judge_kind=result.judge.kind, judge_policy=ctx.settings.judge_policy,
              failed_stage=result.failed_stage.value if result.failed_stage else None)
-    return [Outgoing(ctx.subjects.judge_completed, result, "completed", stored=not rules_alone(result, ctx.settings))]
-
-
-def rules_alone(result: JudgeResult, settings: Settings) -> bool:
-    """Whether judging this event again would give the same result, at once: the rules decided, and
-    no LLM would be asked (none is configured, or the pre-check failed, which no LLM judges). Such
-    a result is not stored for redeliveries (``Outgoing.stored``); an LLM's answer is, so that a
-    redelivery neither pays for a second call nor gets a second opinion."""
-    return result.judge.kind == "rules" and (not settings.judge_model or result.failed_stage == FailedStage.precheck)
+    return [Outgoing(ctx.subjects.completed("judge"), result, "completed")]
 
 
 def sandboxes_of(event: DataResult | TrainResult | BenchResult) -> str | None:
@@ -85,10 +76,16 @@ SPEC = StageSpec(
     stage=Stage.judge,
     label="judge",
     # The validation result, or the failure of any stage before it: never the test split.
-    consumes=lambda s: [s.bench_completed, s.data_failed, s.train_failed, s.bench_failed],
+    consumes=lambda s: [s.completed("bench"), s.failed("data"), s.failed("train"), s.failed("bench")],
     accepts=(DataResult, TrainResult, BenchResult),
-    emits=lambda s: [s.judge_completed],
+    emits=lambda s: [s.completed("judge")],
     handler=handle,
     # Reading logs and waiting on an LLM: many at once.
     concurrency=16,
+    result=JudgeResult,
+    fails=False,  # it judges failures; it has none of its own
+    record_name=FailedStage.judge,
+    words="judge",
+    timeout=lambda settings: settings.judge_time_budget_s + settings.judge_request_timeout_s,
+    next=Stage.aggregate,
 )

@@ -50,9 +50,9 @@ def _result(event: DataResult, ctx: StageContext, train: TrainSummary, error: st
         error=error,
     )
     if ok:
-        return [Outgoing(ctx.subjects.train_completed, result, "completed")]
+        return [Outgoing(ctx.subjects.completed("train"), result, "completed")]
     log.info("training failed", error=error)
-    return [Outgoing(ctx.subjects.train_failed, result, "failed")]
+    return [Outgoing(ctx.subjects.failed("train"), result, "failed")]
 
 
 async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
@@ -142,6 +142,8 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
 
 
 SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
-                 consumes=lambda s: [s.data_completed], accepts=(DataResult,),
-                 emits=lambda s: [s.train_completed, s.train_failed],
-                 disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True)
+                 consumes=lambda s: [s.completed("data")], accepts=(DataResult,),
+                 emits=lambda s: [s.completed("train"), s.failed("train")],
+                 disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True,
+                 result=TrainResult, record_name=FailedStage.training, words="training",
+                 timeout=lambda settings: settings.train_timeout_s, next=Stage.bench)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ftbus.stages import BY_STAGE
+from ftbus.stages import BY_STAGE, PIPELINE
 from services.aggregator.service import Aggregator
 from shared import codec
 from shared.bus import Bus
@@ -126,7 +126,7 @@ async def test_events_of_one_request_at_once_in_two_aggregators_make_one_verdict
     bus = await Bus.connect(settings)
     await bus.ensure_topology()
     stop = asyncio.Event()
-    aggregators = [Aggregator(bus, concurrency=BY_STAGE[Stage.aggregate].concurrency_in(settings))
+    aggregators = [Aggregator(bus, PIPELINE, concurrency=BY_STAGE[Stage.aggregate].concurrency_in(settings))
                    for _ in range(2)]
     tasks = [asyncio.create_task(a.run(stop)) for a in aggregators]
     try:
@@ -135,11 +135,11 @@ async def test_events_of_one_request_at_once_in_two_aggregators_make_one_verdict
         s = bus.subjects
         rids = [f"race-{i:02d}" for i in range(40)]
         for rid in rids:  # the records exist: each event below is an update of one
-            await aggregators[0].update(rid, lambda record: None)
+            await aggregators[0].apply(rid, lambda record: None)
         publishes = []
         for rid in rids:
             publishes.append(bus.publish(s.cancel, CancelRequested(request_id=rid, reason="race"), f"{rid}:c"))
-            letter = DeadLetter(request_id=rid, original_subject=s.data_completed, stage=Stage.train,
+            letter = DeadLetter(request_id=rid, original_subject=s.completed("data"), stage=Stage.train,
                                 reason="the train stage failed 3 times")
             publishes.append(bus.publish(s.dlq, letter, f"{rid}:dlq"))
         await asyncio.gather(*publishes)
@@ -155,7 +155,7 @@ async def test_events_of_one_request_at_once_in_two_aggregators_make_one_verdict
         for rid in rids:
             shown = {codec.decode(data, Verdict).model_dump_json() for data in copies[rid]}
             assert len(shown) == 1, f"{rid}: two different verdicts published"
-            record, _ = await aggregators[0].get(rid)
+            record = await aggregators[0].store.get(rid)
             assert record is not None and record.verdict is not None and record.verdict_published
             kept = Verdict.model_validate_json(shown.pop())
             assert kept.status == record.verdict.status

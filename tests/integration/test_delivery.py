@@ -40,6 +40,7 @@ from shared.events import (
 from shared.records import RequestRecord
 from shared.runtime import StageContext, StageWorker
 from shared.settings import Settings
+from shared.stage_runner import make_runner
 from tests.fakes.judge_events import context as fake_context
 from tests.integration.conftest import Pipeline, write_workspace
 
@@ -222,7 +223,8 @@ async def test_two_train_workers_share_ten_requests(pipeline: Pipeline, settings
     buses = [await Bus.connect(settings, name=f"train-{i}") for i in range(2)]
     workers = [
         asyncio.create_task(
-            StageWorker(bus, Stage.train, handler_of(i), (DataResult,), filters=trainer.SPEC.consumes(bus.subjects))
+            StageWorker(bus, Stage.train, handler_of(i), (DataResult,), filters=trainer.SPEC.consumes(bus.subjects),
+                        runner=make_runner(bus.settings, "train"))
             .run(stop)
         )
         for i, bus in enumerate(buses)
@@ -302,20 +304,20 @@ async def test_undecodable_messages_are_dead_lettered_and_the_readable_request_g
     await pipeline.start()
     bus = pipeline.bus
     s = bus.subjects
-    await bus.js.publish(s.data_completed, b"\xc1\xff not msgpack at all")
+    await bus.js.publish(s.completed("data"), b"\xc1\xff not msgpack at all")
     bad_rid = "bad-request-1"
     invalid = msgpack.packb(
         {"schema_version": 1, "event_type": "DataResult", "request_id": bad_rid, "ok": "perhaps"},
         use_bin_type=True,
     )
-    await bus.js.publish(s.data_completed, invalid)
+    await bus.js.publish(s.completed("data"), invalid)
     # An invalid judge result: the aggregator alone reads those, so it dead-letters it itself.
     bad_judged = "bad-request-2"
     invalid_judge = msgpack.packb(
         {"schema_version": 1, "event_type": "JudgeResult", "request_id": bad_judged, "feedback": 7},
         use_bin_type=True,
     )
-    await bus.js.publish(s.judge_completed, invalid_judge)
+    await bus.js.publish(s.completed("judge"), invalid_judge)
 
     verdict = await pipeline.client.wait(bad_rid, timeout_s=WAIT_S)
     assert verdict.status == "error"
@@ -327,7 +329,7 @@ async def test_undecodable_messages_are_dead_lettered_and_the_readable_request_g
     assert "JudgeResult failed validation" in judged.execution
 
     letters = await poll(
-        lambda: _letters_where(bus, lambda d: d.original_subject == s.data_completed and d.stage == Stage.train, 2),
+        lambda: _letters_where(bus, lambda d: d.original_subject == s.completed("data") and d.stage == Stage.train, 2),
         "both bad messages on the dead-letter stream",
     )
     garbage = next(d for d in letters if d.request_id is None)
@@ -346,8 +348,8 @@ async def test_undecodable_messages_are_dead_lettered_and_the_readable_request_g
     await poll(lambda: caught_up(bus, s.stream_events, s.durable(Stage.aggregate)), "the aggregator to catch up")
     letters = await dead_letters(bus)
     assert sorted((d.original_subject, d.stage, d.request_id or "") for d in letters) == sorted(
-        [(s.data_completed, Stage.train, ""), (s.data_completed, Stage.train, bad_rid),
-         (s.judge_completed, Stage.aggregate, bad_judged)]
+        [(s.completed("data"), Stage.train, ""), (s.completed("data"), Stage.train, bad_rid),
+         (s.completed("judge"), Stage.aggregate, bad_judged)]
     )
 
 
@@ -381,7 +383,7 @@ async def test_cancel_kills_the_running_training_and_gives_one_cancelled_verdict
 
         # A late event for the request (here a judge result) changes nothing.
         late = judge_result(rid, True, "late judge result")
-        await pipeline.bus.publish(pipeline.bus.subjects.judge_completed, late, f"{rid}:test:late")
+        await pipeline.bus.publish(pipeline.bus.subjects.completed("judge"), late, f"{rid}:test:late")
         await poll(lambda: _judge_seen(pipeline, rid, "late judge result"), "the aggregator to read the late event")
         assert await verdicts_on(pipeline.bus, rid) == 1
         assert (await stored_verdict(pipeline.bus, rid)).status == "cancelled"
@@ -474,7 +476,7 @@ async def test_an_infrastructure_error_is_retried_then_ends_in_one_error_verdict
     assert "training" in verdict.execution and "max_deliver" in verdict.execution
     letter = next(d for d in await dead_letters(pipeline.bus) if d.request_id == rid)
     assert letter.stage == Stage.train and letter.deliveries == settings.max_deliver
-    assert letter.original_subject == pipeline.bus.subjects.data_completed
+    assert letter.original_subject == pipeline.bus.subjects.completed("data")
     assert await verdicts_on(pipeline.bus, rid) == 1
     record = await client.status(rid)
     assert record is not None and record.status == "error" and record.stages["train"].attempts == settings.max_deliver
@@ -501,17 +503,17 @@ async def test_duplicates_and_late_dead_letters_never_make_a_second_verdict(pipe
     rid = "dup-request-1"
     first = judge_result(rid, True, "first judge result")
 
-    ack1 = await bus.publish(s.judge_completed, first, f"{rid}:judge:completed")
-    ack2 = await bus.publish(s.judge_completed, first, f"{rid}:judge:completed")
+    ack1 = await bus.publish(s.completed("judge"), first, f"{rid}:judge:completed")
+    ack2 = await bus.publish(s.completed("judge"), first, f"{rid}:judge:completed")
     assert not ack1.duplicate and ack2.duplicate  # the server's de-duplication window
     verdict = await pipeline.client.wait(rid, timeout_s=WAIT_S)
     assert verdict.final_decision is True and verdict.execution == "first judge result"
 
     # Past the de-duplication window (no id), a redelivered copy, then a contradicting result.
-    await bus.publish(s.judge_completed, first)
-    await bus.publish(s.judge_completed, judge_result(rid, False, "second judge result"))
+    await bus.publish(s.completed("judge"), first)
+    await bus.publish(s.completed("judge"), judge_result(rid, False, "second judge result"))
     await poll(lambda: _judge_seen(pipeline, rid, "second judge result"), "the aggregator to read the second result")
-    letter = DeadLetter(request_id=rid, original_subject=s.judge_completed, stage=Stage.judge, reason="late trouble")
+    letter = DeadLetter(request_id=rid, original_subject=s.completed("judge"), stage=Stage.judge, reason="late trouble")
     await bus.publish(s.dlq, letter, "dlq:test:1")
     await bus.js.publish(s.cancel, codec.encode(CancelRequested(request_id=rid)))
     await poll(lambda: caught_up(bus, s.stream_dlq, f"{s.durable(Stage.aggregate)}-dlq"), "the dead letter to be read")
@@ -583,7 +585,7 @@ async def test_an_event_on_the_wrong_subject_is_not_believed(pipeline: Pipeline)
         judge=JudgeInfo(kind="rules", rules_decision=True),
         result=VerdictResult(),
     )
-    await pipeline.bus.js.publish(pipeline.bus.subjects.data_completed, codec.encode(forged))
+    await pipeline.bus.js.publish(pipeline.bus.subjects.completed("data"), codec.encode(forged))
     verdict = await pipeline.client.wait("forged-1", timeout_s=60)
     # The train stage dead-letters it; the aggregator turns that into an error verdict, never a pass.
     assert verdict.status == "error" and verdict.final_decision is False

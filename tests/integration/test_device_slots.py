@@ -13,6 +13,7 @@ from shared.bus import Bus
 from shared.events import DataResult, Stage
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.settings import Settings
+from shared.stage_runner import make_runner
 from tests.integration.test_delivery import poll
 from tests.integration.test_stage_runtime import acked, result_of, send, stage_policies
 
@@ -51,7 +52,8 @@ async def run_workers(bus: Bus, handlers: list, rids: list[str]) -> None:
     stop = asyncio.Event()
     workers = [
         StageWorker(bus, Stage.train, handler, (DataResult,), concurrency=2, device_slots=1,
-                    filters=[bus.subjects.data_completed], policies=stage_policies())
+                    filters=[bus.subjects.completed("data")], policies=stage_policies(),
+                    runner=make_runner(bus.settings, "train"))
         for handler in handlers
     ]
     tasks = [asyncio.create_task(worker.run(stop)) for worker in workers]
@@ -79,7 +81,7 @@ async def test_the_next_message_starts_when_the_device_is_free_not_after_the_upl
             # would (one message at a time), and this wait fails the test.
             await device.wait(started["slot-b"], "the next message started during the uploads")
             overlapped.append(rid)
-        return [Outgoing(bus.subjects.train_completed, result_of(rid), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(rid), "completed")]
 
     await run_workers(bus, [handle], list(started))
     assert device.timeouts == []
@@ -105,7 +107,7 @@ async def test_a_worker_whose_device_is_busy_leaves_the_next_message_to_an_idle_
                 second_started.set()
                 await device.use()
             ctx.device_done()
-            return [Outgoing(bus.subjects.train_completed, result_of(rid), "completed")]
+            return [Outgoing(bus.subjects.completed("train"), result_of(rid), "completed")]
 
         return handle
 
@@ -123,7 +125,7 @@ async def test_without_device_done_the_slot_returns_only_when_the_message_is_don
         spans[event.request_id] = [loop.time()]
         await asyncio.sleep(0.2)
         spans[event.request_id].append(loop.time())
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
 
     await run_workers(bus, [handle], ["whole-1", "whole-2", "whole-3"])
     ordered = sorted(spans.values())
@@ -140,7 +142,8 @@ def test_the_train_stage_runs_two_messages_per_gpu_slot(settings: Settings) -> N
 
             self.subjects = Subjects(settings.subject_prefix)
 
-    one = TRAIN_SPEC.worker(FakeBus(), concurrency=1)  # type: ignore[arg-type]
+    runner = make_runner(settings, "train")
+    one = TRAIN_SPEC.worker(FakeBus(), concurrency=1, runner=runner)  # type: ignore[arg-type]
     assert (one.device_slots, one.concurrency) == (1, 2)
-    two = TRAIN_SPEC.worker(FakeBus(), concurrency=2)  # type: ignore[arg-type]
+    two = TRAIN_SPEC.worker(FakeBus(), concurrency=2, runner=runner)  # type: ignore[arg-type]
     assert (two.device_slots, two.concurrency) == (2, 4)

@@ -53,10 +53,10 @@ async def test_fuzzed_payloads_become_dead_letters_and_workers_stay_up(pipeline:
     # Which stage reads (and so dead-letters) each subject, and what it accepts there.
     readers = {
         s.eval_requested: Stage.data,
-        s.data_completed: Stage.train,
-        s.train_completed: Stage.bench,
-        s.bench_completed: Stage.judge,
-        s.judge_completed: Stage.aggregate,
+        s.completed("data"): Stage.train,
+        s.completed("train"): Stage.bench,
+        s.completed("bench"): Stage.judge,
+        s.completed("judge"): Stage.aggregate,
         s.cancel: Stage.aggregate,
     }
     accepted = {

@@ -13,7 +13,6 @@ from pydantic import ValidationError
 
 from services.judge.decide import judge
 from services.judge.llm import LlmAnswer, parse_answer
-from services.judge.service import rules_alone
 from shared.events import ErrorSample, FailedStage
 from shared.settings import Settings
 from tests.fakes import judge_events as ev
@@ -85,7 +84,6 @@ async def test_good_answer(server: FakeOpenAIServer, tmp_path: Path) -> None:
     assert result.feedback.execution == GOOD["execution"] and result.feedback.code == GOOD["code"]
     assert result.judge.kind == "llm" and result.judge.model == "fake-judge"
     assert result.judge.rules_decision is True and result.judge.llm_decision is True
-    assert not rules_alone(result, make_settings(tmp_path, server))  # an LLM's answer is stored
     assert result.judge.attempts == 1 and result.judge.reason is None
     assert result.failed_stage is None and result.expects_test is True
     assert result.request_id == "req-1" and result.context == event.context
@@ -204,14 +202,11 @@ async def test_auth_error_is_not_retried(server: FakeOpenAIServer, tmp_path: Pat
     assert len(server.requests) == 1
     assert result.judge.kind == "rules"
     assert result.judge.reason is not None and "HTTP 401" in result.judge.reason
-    # The LLM was asked: a redelivery would ask it again, so this result is stored.
-    assert not rules_alone(result, make_settings(tmp_path, server))
 
 
 async def test_no_judge_model_uses_rules(tmp_path: Path) -> None:
     result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, make_settings(tmp_path, None))
     assert result.judge.kind == "rules" and result.judge.reason == "no judge model configured"
-    assert rules_alone(result, make_settings(tmp_path, None))  # judged again the same way: not stored
     assert result.judge.rules_decision is True and result.feedback.final_decision is True
 
 
@@ -222,7 +217,6 @@ async def test_precheck_never_calls_the_llm(server: FakeOpenAIServer, tmp_path: 
     assert server.requests == []
     assert result.judge.kind == "rules" and not result.feedback.final_decision
     assert result.failed_stage == FailedStage.precheck
-    assert rules_alone(result, make_settings(tmp_path, server))  # no LLM even with one configured
     assert "../secrets.txt" in result.feedback.execution
     assert result.expects_test is False and result.artifacts == []
 

@@ -41,7 +41,7 @@ async def test_a_missed_cancel_is_found_in_the_status_record(
         while not await caught_up(bus, bus.subjects.stream_events, bus.subjects.durable(Stage.train)):
             assert loop.time() < deadline, "the cancelled message was not acknowledged"
             await asyncio.sleep(0.2)
-        info = await bus.js.stream_info(bus.subjects.stream_events, subjects_filter=bus.subjects.train_completed)
+        info = await bus.js.stream_info(bus.subjects.stream_events, subjects_filter=bus.subjects.completed("train"))
         assert not info.state.subjects
     finally:
         kill_leftovers(pids)

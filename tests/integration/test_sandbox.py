@@ -367,7 +367,7 @@ async def test_process_data_calls_the_llm_through_the_gateway_within_its_budget(
         try:
             await pipeline.start([Stage.data])
             assert pipeline.bus is not None and pipeline.client is not None
-            sub = await pipeline.bus.js.subscribe(pipeline.bus.subjects.data_completed, ordered_consumer=True)
+            sub = await pipeline.bus.js.subscribe(pipeline.bus.subjects.completed("data"), ordered_consumer=True)
             rid = await pipeline.client.submit(ws, TASK)
             msg = await sub.next_msg(timeout=180)
             result = codec.decode(msg.data, DataResult)
@@ -405,7 +405,7 @@ async def test_without_an_llm_the_sandbox_has_no_network_and_no_key(docker_setti
     try:
         await pipeline.start([Stage.data])
         assert pipeline.bus is not None and pipeline.client is not None
-        sub = await pipeline.bus.js.subscribe(pipeline.bus.subjects.data_completed, ordered_consumer=True)
+        sub = await pipeline.bus.js.subscribe(pipeline.bus.subjects.completed("data"), ordered_consumer=True)
         await pipeline.client.submit(ws, TASK)
         result = codec.decode((await sub.next_msg(timeout=180)).data, DataResult)
         await sub.unsubscribe()

@@ -11,8 +11,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import msgpack
-import pytest
-from nats.js.errors import KeyNotFoundError
 from structlog.testing import capture_logs
 
 from shared import codec
@@ -28,6 +26,7 @@ from shared.runtime import (
     StageContext,
     StageWorker,
 )
+from shared.stage_runner import make_runner
 from shared.subjects import msg_id
 from tests.fakes.judge_events import data_failed, train_failed
 from tests.integration.test_delivery import caught_up, poll
@@ -41,8 +40,8 @@ class TrainStage:
     def __init__(self, bus: Bus, handler: Handler, policies: tuple[Policy, ...]) -> None:
         self.bus = bus
         self.stop = asyncio.Event()
-        worker = StageWorker(bus, Stage.train, handler, (DataResult,), filters=[bus.subjects.data_completed],
-                             policies=policies)
+        worker = StageWorker(bus, Stage.train, handler, (DataResult,), filters=[bus.subjects.completed("data")],
+                             policies=policies, runner=make_runner(bus.settings, "train"))
         self.task = asyncio.create_task(worker.run(self.stop))
 
     async def close(self) -> None:
@@ -52,7 +51,7 @@ class TrainStage:
 
 async def send(bus: Bus, rid: str) -> None:
     event = data_failed().model_copy(update={"request_id": rid})
-    await bus.publish(bus.subjects.data_completed, event, msg_id(rid, "data", "completed"))
+    await bus.publish(bus.subjects.completed("data"), event, msg_id(rid, "data", "completed"))
 
 
 def result_of(rid: str) -> TrainResult:
@@ -89,7 +88,7 @@ async def test_a_redelivery_after_a_crash_between_store_and_ack_republishes_with
 
     async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
         runs.append(event.request_id)
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
 
     stage = TrainStage(bus, handle, (*stage_policies(), CrashOnceAfterTheStore()))
     try:
@@ -98,58 +97,33 @@ async def test_a_redelivery_after_a_crash_between_store_and_ack_republishes_with
     finally:
         await stage.close()
     assert runs == ["redelivered-1"], "the stage ran again although its result was stored"
-    assert await published(bus, bus.subjects.train_completed) == 1
+    assert await published(bus, bus.subjects.completed("train")) == 1
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
     assert (await kv.get("redelivered-1.train")).value
 
 
-async def test_a_fresh_first_delivery_runs_the_stage_without_reading_the_store(bus: Bus) -> None:
-    """A fresh first delivery does not read the store (one round trip less on every hop,
-    docs/design.md §9): an entry there is not taken for this message's result."""
-    runs: list[str] = []
-
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
-        runs.append(event.request_id)
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
-
-    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
-    await kv.put("first-1.train", b"\x90")  # an empty list of stored events: it would publish nothing
-    stage = TrainStage(bus, handle, stage_policies())
-    try:
-        await send(bus, "first-1")
-        await poll(lambda: acked(bus), "the message acknowledged", timeout_s=60)
-    finally:
-        await stage.close()
-    assert runs == ["first-1"]
-    assert await published(bus, bus.subjects.train_completed) == 1
-
-
-async def test_an_old_first_delivery_a_replay_finds_its_stored_result(
-    bus: Bus, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_replayed_first_delivery_finds_its_stored_result(bus: Bus) -> None:
     """A durable consumer recreated (an operator, a lost consumer) delivers the whole stream again,
-    every message as a first delivery: an old message still looks for its stored result, so that
-    nothing is trained twice."""
-    monkeypatch.setattr(IdempotencyStore, "FRESH_S", 1.0)  # 30 s in service: the test waits 1.5 s
+    every message as a first delivery: a stage that runs candidate code looks for its stored result
+    before every handling, so that nothing is trained twice."""
     runs: list[str] = []
 
     async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
         runs.append(event.request_id)
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
 
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
-    stored = msgpack.packb([[bus.subjects.train_completed, "completed", codec.encode(result_of("replayed-1"))]],
+    stored = msgpack.packb([[bus.subjects.completed("train"), "completed", codec.encode(result_of("replayed-1"))]],
                            use_bin_type=True)
     await kv.put("replayed-1.train", stored)  # what the first consumer's handling stored
     await send(bus, "replayed-1")
-    await asyncio.sleep(1.5)  # the message is old when the (new) consumer delivers it
     stage = TrainStage(bus, handle, stage_policies())
     try:
         await poll(lambda: acked(bus), "the replayed message acknowledged", timeout_s=60)
     finally:
         await stage.close()
     assert runs == [], "a replayed message ran its stage again"
-    assert await published(bus, bus.subjects.train_completed) == 1  # the stored result, republished
+    assert await published(bus, bus.subjects.completed("train")) == 1  # the stored result, republished
 
 
 async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_starts(bus: Bus) -> None:
@@ -164,7 +138,7 @@ async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_start
             outcome.append("cancelled")
             raise
         outcome.append("ran to the end")
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
 
     status = await bus.kv(bus.subjects.kv_status)
     await status.put("cancelled-1", RequestStatusView(request_id="cancelled-1", status="running",
@@ -181,7 +155,7 @@ async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_start
     finally:
         await stage.close()
     assert outcome == ["cancelled"] or not started.is_set()
-    assert await published(bus, bus.subjects.train_completed) == 0
+    assert await published(bus, bus.subjects.completed("train")) == 0
 
 
 async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus: Bus) -> None:
@@ -199,7 +173,7 @@ async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus:
 
     async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
         await asyncio.wait_for(beating.wait(), timeout=30)  # the first beat is under way
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
 
     stage = TrainStage(bus, handle, (IdempotencyStore(), TakesItsCancelForAResult()))
     try:
@@ -207,22 +181,18 @@ async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus:
         await poll(lambda: acked(bus), "the message acknowledged", timeout_s=30)
     finally:
         await stage.close()
-    assert await published(bus, bus.subjects.train_completed) == 1
+    assert await published(bus, bus.subjects.completed("train")) == 1
 
 
 
 
-async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_and_stores_the_bytes_it_published(
-    bus: Bus, monkeypatch: pytest.MonkeyPatch
+async def test_every_stage_announces_its_start_and_end_and_its_result_tells_its_start_and_stores_the_bytes_it_published(
+    bus: Bus,
 ) -> None:
-    """A handler over before FIRST_LOOK_S announces no progress (four messages less on each quick
-    request, docs/design.md §9): its result says when it started and which attempt it was
-    (StageRun), and the stored copy is the very bytes that were published (each event is encoded
-    once). A handler that runs longer is announced at its first look, before its result, and its
-    end after; one that reports progress of its own sooner has its start announced first. What a
-    handler tells (ctx.tell) is said on its one `stage finished` line, beside the runtime's own
-    facts, which it cannot overwrite."""
-    monkeypatch.setattr(StageWorker, "FIRST_LOOK_S", 0.3)
+    """Every handling announces its start before its result and its end after, quick or slow; its
+    result says when it started and which attempt it was (StageRun), and the stored copy is the
+    very bytes that were published. What a handler tells (ctx.tell) is said on its one `stage
+    finished` line, beside the runtime's own facts, which it cannot overwrite."""
     seen: dict[str, list[str]] = {}
     result_data: dict[str, bytes] = {}
 
@@ -244,11 +214,11 @@ async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_an
         if event.request_id == "talks-1":
             await ctx.progress(step=1, total=2)
         ctx.tell(found=event.request_id, delivery="the handler's")
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
+        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
 
     # One connection for both subjects: the server keeps one sender's order for one receiver.
     subs = [await bus.nc.subscribe(bus.subjects.progress(), cb=on_progress),
-            await bus.nc.subscribe(bus.subjects.train_completed, cb=on_result)]
+            await bus.nc.subscribe(bus.subjects.completed("train"), cb=on_result)]
     await bus.nc.flush()
     stage = TrainStage(bus, handle, stage_policies())
     try:
@@ -256,17 +226,17 @@ async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_an
             for rid in ("quick-1", "slow-1", "talks-1"):
                 await send(bus, rid)
                 await poll(lambda: acked(bus), f"{rid} acknowledged", timeout_s=60)
-            await poll(lambda: _true(len(seen.get("slow-1", [])) >= 3 and len(seen.get("talks-1", [])) >= 4),
+            await poll(lambda: _true(all(seen.get(rid, [""])[-1] == "progress finished"
+                                         for rid in ("quick-1", "slow-1", "talks-1"))),
                        "the progress and the results heard", timeout_s=30)
-            await asyncio.sleep(0.5)  # a late progress message of the quick one would be here by now
     finally:
         await stage.close()
         for sub in subs:
             await sub.unsubscribe()
     finished = [line for line in lines if line["event"] == "stage finished"]
     assert sorted(line["found"] for line in finished) == ["quick-1", "slow-1", "talks-1"]
-    assert all(line["delivery"] == 1 and line["subject"] == bus.subjects.data_completed for line in finished)
-    assert seen["quick-1"] == ["result"]
+    assert all(line["delivery"] == 1 and line["subject"] == bus.subjects.completed("data") for line in finished)
+    assert seen["quick-1"] == ["progress started", "result", "progress finished"]
     assert seen["slow-1"] == ["progress started", "result", "progress finished"]
     assert seen["talks-1"] == ["progress started", "progress running", "result", "progress finished"]
     for rid, data in result_data.items():
@@ -275,108 +245,8 @@ async def test_a_quick_stage_announces_nothing_and_its_result_tells_its_start_an
         assert abs((run.started_at - began[rid]).total_seconds()) < 0.1, rid
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
     stored = msgpack.unpackb((await kv.get("quick-1.train")).value, raw=False)
-    assert stored == [[bus.subjects.train_completed, "completed", result_data["quick-1"]]]
+    assert stored == [[bus.subjects.completed("train"), "completed", result_data["quick-1"]]]
 
 
 async def _true(value: bool) -> bool:
     return value
-
-
-async def test_a_result_not_stored_is_worked_out_again_on_a_redelivery(bus: Bus) -> None:
-    """``Outgoing(stored=False)`` (a pre-check's refusal, a rule judgement): no store write on the
-    hop, and a redelivery runs the handler again; the published copy is still one (its id)."""
-    runs: list[str] = []
-
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
-        runs.append(event.request_id)
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed", stored=False)]
-
-    stage = TrainStage(bus, handle, (*stage_policies(), CrashOnceAfterTheStore()))
-    try:
-        await send(bus, "unstored-1")
-        await poll(lambda: acked(bus), "the redelivered message acknowledged", timeout_s=60)
-    finally:
-        await stage.close()
-    assert runs == ["unstored-1", "unstored-1"], "the redelivery did not run the handler again"
-    assert await published(bus, bus.subjects.train_completed) == 1
-    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
-    with pytest.raises(KeyNotFoundError):
-        await kv.get("unstored-1.train")
-
-
-async def test_the_first_look_comes_only_once_a_handler_has_run_a_while(
-    bus: Bus, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The policies' first look (SkipCancelled reads the status record) is a round trip: a handler
-    over within FIRST_LOOK_S gets none, one that runs longer gets it after FIRST_LOOK_S."""
-    monkeypatch.setattr(StageWorker, "FIRST_LOOK_S", 0.5)
-    looks: dict[str, float] = {}
-    loop = asyncio.get_running_loop()
-    began: dict[str, float] = {}
-
-    class Looks(Policy):
-        async def beat(self, worker: StageWorker, request_id: str) -> None:
-            looks.setdefault(request_id, loop.time())
-
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
-        began[event.request_id] = loop.time()
-        if event.request_id == "slow-1":
-            await asyncio.sleep(1.5)
-        return [Outgoing(bus.subjects.train_completed, result_of(event.request_id), "completed")]
-
-    stage = TrainStage(bus, handle, (*stage_policies(), Looks()))
-    try:
-        await send(bus, "quick-1")
-        await poll(lambda: acked(bus), "the quick message acknowledged", timeout_s=60)
-        await send(bus, "slow-1")
-        await poll(lambda: acked(bus), "the slow message acknowledged", timeout_s=60)
-    finally:
-        await stage.close()
-    assert "quick-1" not in looks, "a handler over at once still cost a look"
-    assert "slow-1" in looks, "a handler that ran 1.5 s was never looked at"
-    assert looks["slow-1"] - began["slow-1"] >= 0.45
-
-
-async def test_a_message_acked_after_its_handler_s_later_work_waits_for_it_and_is_retried_if_it_fails(
-    bus: Bus,
-) -> None:
-    """``StageContext.ack_after`` (the aggregator's lingering writes): the handler returns at once,
-    its place goes to the next message, and its own message stays unacked until the later work is
-    done; work that fails naks it, and it comes back."""
-    later: dict[str, list[asyncio.Future[None]]] = {}
-    seen: list[str] = []
-
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
-        seen.append(event.request_id)
-        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        later.setdefault(event.request_id, []).append(written)
-        ctx.ack_after(written)
-        return []
-
-    async def pending() -> int:
-        info = await bus.js.consumer_info(bus.subjects.stream_events, bus.subjects.durable(Stage.train))
-        return info.num_ack_pending
-
-    async def count(n: int) -> bool:
-        return len(seen) >= n
-
-    stage = TrainStage(bus, handle, ())  # as the aggregator runs it: no stored results to skip by
-    try:
-        await send(bus, "later-1")
-        await send(bus, "later-2")
-        # One handler (concurrency 1): the second message was handled while the first was unacked.
-        await poll(lambda: count(2), "the second message handled while the first waits", timeout_s=30)
-        assert await pending() == 2, "a message was acked before its later work was done"
-        later["later-1"][0].set_result(None)
-        await poll(lambda: _pending_is(pending, 1), "the first acked once done", timeout_s=30)
-        later["later-2"][0].set_exception(RuntimeError("the lingering write failed"))
-        await poll(lambda: count(3), "the failed one redelivered", timeout_s=30)
-        assert seen[2] == "later-2"
-        later["later-2"][1].set_result(None)
-        await poll(lambda: acked(bus), "every message acknowledged", timeout_s=30)
-    finally:
-        await stage.close()
-
-
-async def _pending_is(pending: Callable[[], Awaitable[int]], n: int) -> bool:
-    return await pending() == n

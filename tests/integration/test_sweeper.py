@@ -7,18 +7,19 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from ftbus.stages import BY_STAGE, PIPELINE
 from services.aggregator.records_bucket import OPEN_HEADER, OpenRecords
 from services.aggregator.service import Aggregator
 from services.aggregator.verdicts import build_report, cancelled_verdict
 from shared import codec
 from shared.bus import Bus
-from shared.events import utcnow
+from shared.events import Stage, utcnow
 from shared.records import RequestRecord, RequestStatusView
 
 
 def finished(rid: str) -> RequestRecord:
     record = RequestRecord(request_id=rid, status="cancelled", stage="data")
-    record.verdict = cancelled_verdict(record, "test")
+    record.verdict = cancelled_verdict(record, "test", BY_STAGE[Stage.data])
     record.verdict_published = record.report_published = True
     return record
 
@@ -29,14 +30,14 @@ def stuck(rid: str) -> RequestRecord:
 
 
 async def test_the_sweep_reads_open_records_only_and_still_ends_what_it_must(bus: Bus) -> None:
-    aggregator = Aggregator(bus)
-    records = await aggregator.kv()
+    aggregator = Aggregator(bus, PIPELINE)
+    records = await aggregator.store.bucket()
     s = bus.subjects
     for n in range(40):
         await records.create(f"done{n}", finished(f"done{n}").stored_json(), open_=False)
     await records.create("stuck", stuck("stuck").stored_json(), open_=True)
     unpublished = RequestRecord(request_id="unpublished", status="cancelled", stage="train")
-    unpublished.verdict = cancelled_verdict(unpublished, "asked")
+    unpublished.verdict = cancelled_verdict(unpublished, "asked", BY_STAGE[Stage.train])
     unpublished.report = build_report(unpublished)  # claimed and written, then the aggregator died
     await records.create("unpublished", unpublished.stored_json(), open_=True)
     # Written before records carried the header: one finished, one stuck.
@@ -51,23 +52,23 @@ async def test_the_sweep_reads_open_records_only_and_still_ends_what_it_must(bus
 
     sub = await bus.nc.subscribe(s.verdict(), cb=on_verdict)
     read: list[str] = []
-    get = aggregator.get
+    get = aggregator.store.get
 
     async def counted_get(request_id: str) -> Any:
         read.append(request_id)
         return await get(request_id)
 
-    aggregator.get = counted_get  # type: ignore[method-assign]
+    aggregator.store.get = counted_get  # type: ignore[method-assign]
 
-    await aggregator.sweep()
+    await aggregator.sweeper.sweep()
     assert sorted(set(read)) == ["legacy-done", "legacy-stuck", "stuck", "unpublished"], \
         "the sweep read finished records"
     await bus.nc.flush()
     for rid in ("stuck", "legacy-stuck"):
-        record, _ = await get(rid)
+        record = await get(rid)
         assert record is not None and record.status == "error" and record.verdict_published
         assert "the request was stuck" in (record.verdict.execution if record.verdict else "")
-    record, _ = await get("unpublished")
+    record = await get("unpublished")
     assert record is not None and record.verdict_published and record.report_published
     view = RequestStatusView.model_validate_json((await (await bus.kv(s.kv_status)).get("unpublished")).value)
     assert view.status == "cancelled" and view.revision > 0, "a crash's lost final view is written"
@@ -78,14 +79,14 @@ async def test_the_sweep_reads_open_records_only_and_still_ends_what_it_must(bus
 
     # Nothing open is left: the next sweep reads only what was written since, and no record.
     read.clear()
-    await aggregator.sweep()
+    await aggregator.sweeper.sweep()
     assert read == []
     await sub.unsubscribe()
 
 
 async def test_open_records_follow_each_keys_latest_write(bus: Bus) -> None:
-    aggregator = Aggregator(bus)
-    records = await aggregator.kv()
+    aggregator = Aggregator(bus, PIPELINE)
+    records = await aggregator.store.bucket()
     bucket = bus.subjects.kv_requests
     tracker = OpenRecords(bus.js, bucket)
     assert await tracker.refresh() == [] and tracker.last_read == 0, "an empty bucket"

@@ -23,8 +23,8 @@ def test_what_a_stage_emits_is_what_the_next_consumes() -> None:
         if spec.stage in (Stage.data, Stage.aggregate):
             continue
         assert set(spec.consumes(S)) <= emitted, spec.stage
-    assert BY_STAGE[Stage.train].consumes(S) == [S.data_completed]
-    assert BY_STAGE[Stage.bench].consumes(S) == [S.train_completed]
+    assert BY_STAGE[Stage.train].consumes(S) == [S.completed("data")]
+    assert BY_STAGE[Stage.bench].consumes(S) == [S.completed("train")]
 
 
 def test_the_hidden_test_split_reaches_only_the_aggregator() -> None:
@@ -38,9 +38,8 @@ def test_the_aggregator_leaves_a_stages_dead_letters_to_that_stage() -> None:
     class FakeBus:
         subjects = S
 
-    reads = {spec.stage: spec.consumes(S) for spec in PIPELINE if spec.stage is not Stage.aggregate}
-    aggregator = Aggregator(FakeBus(), stage_reads=reads)  # type: ignore[arg-type]
-    assert aggregator._dead_letters_here(S.data_completed) == "the train stage dead-letters it"
-    assert aggregator._dead_letters_here(S.bench_failed) == "the judge stage dead-letters it"
-    assert aggregator._dead_letters_here(S.judge_completed) is None  # only the aggregator reads it
+    aggregator = Aggregator(FakeBus(), PIPELINE)  # type: ignore[arg-type]
+    assert aggregator._dead_letters_here(S.completed("data")) == "the train stage dead-letters it"
+    assert aggregator._dead_letters_here(S.failed("bench")) == "the judge stage dead-letters it"
+    assert aggregator._dead_letters_here(S.completed("judge")) is None  # only the aggregator reads it
     assert aggregator._dead_letters_here(S.cancel) is None

@@ -62,9 +62,8 @@ async def test_data_precheck_failure_runs_nothing(settings: Settings, tmp_path: 
     ctx = fake_context(Stage.data, settings, runner)
     event = await _eval(settings, ctx.bus, tmp_path, drop=("train.yaml",))  # type: ignore[arg-type]
     [out] = await data.handle(event, ctx)
-    assert out.subject == ctx.subjects.data_failed and out.event.failed_stage == "precheck"
+    assert out.subject == ctx.subjects.failed("data") and out.event.failed_stage == "precheck"
     assert "train.yaml" in (out.event.error or "") and runner.calls == []
-    assert out.stored is False  # decided again from the request on a redelivery: no store write
 
 
 async def test_data_success_is_sandboxed_described_and_cached(settings: Settings, tmp_path: Path) -> None:
@@ -73,10 +72,9 @@ async def test_data_success_is_sandboxed_described_and_cached(settings: Settings
     bus = ctx.bus
     event = await _eval(settings, bus, tmp_path)  # type: ignore[arg-type]
     [out] = await data.handle(event, ctx)
-    assert out.subject == ctx.subjects.data_completed, out.event.error
+    assert out.subject == ctx.subjects.completed("data"), out.event.error
     summary = out.event.data
     assert summary.data_stats.total_samples == 60 and summary.cached is False
-    assert out.stored  # the candidate's script ran: a redelivery republishes this, it runs nothing
     assert summary.outcome.sandbox == "docker:fake"
     [call] = runner.calls
     assert call.argv == ["python", "process_data.py"]
@@ -104,7 +102,7 @@ async def test_data_success_is_sandboxed_described_and_cached(settings: Settings
 async def test_data_failures_name_the_cause(settings: Settings, tmp_path: Path, script: object, expected: str) -> None:
     ctx = fake_context(Stage.data, settings, RecordingRunner(script))  # type: ignore[arg-type]
     [out] = await data.handle(await _eval(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
-    assert out.subject == ctx.subjects.data_failed
+    assert out.subject == ctx.subjects.failed("data")
     assert out.event.failed_stage == "data_processing" and expected in (out.event.error or "")
 
 
@@ -141,7 +139,7 @@ async def test_training_success_keeps_outputs_and_loss(settings: Settings, tmp_p
     runner = RecordingRunner(trains())  # type: ignore[arg-type]
     ctx = fake_context(Stage.train, settings, runner)
     [out] = await trainer.handle(await _data_result(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
-    assert out.subject == ctx.subjects.train_completed, out.event.error
+    assert out.subject == ctx.subjects.completed("train"), out.event.error
     summary = out.event.train
     assert summary.model_kind == "lora" and len(summary.training_metrics.loss_history.train) == 5
     assert {f.path for f in summary.outputs} >= {"output/adapter_model.safetensors", "output/adapter_config.json"}
@@ -167,7 +165,7 @@ async def test_training_failures_name_the_cause(
     runner = RecordingRunner(script)  # type: ignore[arg-type]
     ctx = fake_context(Stage.train, settings, runner)
     [out] = await trainer.handle(await _data_result(settings, ctx.bus, tmp_path, **workspace), ctx)  # type: ignore[arg-type]
-    assert out.subject == ctx.subjects.train_failed and expected in (out.event.error or "")
+    assert out.subject == ctx.subjects.failed("train") and expected in (out.event.error or "")
     assert bool(runner.calls) is ran
 
 
@@ -212,7 +210,7 @@ async def test_each_split_runs_sandboxed_and_a_failing_harness_is_named(settings
     event = await _train_result(settings, ctx.bus, tmp_path, {"adapter_model.safetensors": b"x",
                                                                "adapter_config.json": b"{}"})  # type: ignore[arg-type]
     outs = await bench.handle(event, ctx)
-    assert [o.subject for o in outs] == [ctx.subjects.bench_failed, ctx.subjects.bench_test]
+    assert [o.subject for o in outs] == [ctx.subjects.failed("bench"), ctx.subjects.bench_test]
     assert all("exited with code 2" in (o.event.error or "") for o in outs)
     assert len(runner.calls) == 2  # validation and test; no baseline for a failed candidate run
     for call in runner.calls:

@@ -1,6 +1,5 @@
 """Stopping tasks for sure (shared/tasks.py): Python 3.11's ``asyncio.wait_for`` can take a cancel
-for a result, and a loop that only ends on its CancelledError then runs on; and ``together``, gather
-without a task for the first awaitable."""
+for a result, and a loop that only ends on its CancelledError then runs on."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import sys
 
 import pytest
 
-from shared.tasks import cancel_until_done, together
+from shared.tasks import cancel_until_done
 
 
 def _replier_loop(replies: list[asyncio.Future[int]]) -> asyncio.Task[None]:
@@ -66,45 +65,3 @@ async def test_tasks_that_end_on_their_own_keep_their_results() -> None:
     assert done.result() == 42
     with pytest.raises(ValueError, match="broken"):
         failed.result()
-
-
-async def test_together_runs_every_awaitable_at_once_and_makes_no_task_for_a_lone_one() -> None:
-    """``together`` is gather for the hot path: the same results, concurrency and errors, with one
-    task fewer (none for a single awaitable)."""
-    order: list[str] = []
-
-    async def step(name: str, wait_s: float, fail: bool = False) -> str:
-        order.append(f"{name} starts")
-        await asyncio.sleep(wait_s)
-        order.append(f"{name} ends")
-        if fail:
-            raise ValueError(name)
-        return name
-
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    assert await together(step("a", 0.2), step("b", 0.2), step("c", 0.2)) == ["a", "b", "c"]
-    assert loop.time() - began < 0.55, "they ran one after the other"
-    assert await together() == []
-
-    here = asyncio.current_task()
-    made: list[object] = []
-    real_ensure_future = asyncio.ensure_future
-    asyncio.ensure_future = lambda aw, **kw: made.append(aw) or real_ensure_future(aw, **kw)  # type: ignore[assignment]
-    try:
-        assert await together(step("lone", 0)) == ["lone"]
-    finally:
-        asyncio.ensure_future = real_ensure_future  # type: ignore[assignment]
-    assert made == [] and asyncio.current_task() is here
-
-    order.clear()
-    with pytest.raises(ValueError, match=r"^b$"):
-        await together(step("a", 0.1), step("b", 0.0, fail=True), step("c", 0.2, fail=True))
-    assert "c ends" in order, "an error returned before the others were over"
-
-    slow = asyncio.create_task(together(step("x", 5), step("y", 5)))
-    await asyncio.sleep(0.1)
-    slow.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await slow
-    assert "y ends" not in order and "x ends" not in order
