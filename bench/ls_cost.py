@@ -37,7 +37,7 @@ def finished_view(rid: str) -> bytes:
     view = RequestStatusView(
         request_id=rid, status="completed", stage="judge",
         task=TaskSpec(base_model="Qwen/Qwen2.5-0.5B", benchmark="gsm8k"), submitted_at=now, updated_at=now,
-        stages={stage.value: timing for stage in Stage if stage is not Stage.aggregate},
+        stages={stage.value: timing for stage in Stage if stage != Stage.aggregate},
         progress=Progress(request_id=rid, stage=Stage.judge, state="finished", message="judge_result"),
         final_decision=True,
     )

@@ -104,9 +104,9 @@ class BatchView:
 
     def update(self, event: ProgressEvent) -> None:
         task = self.rows.get(event.request_id)
-        if task is None or event.stage.value not in STAGE_LABELS:
+        if task is None or event.stage not in STAGE_LABELS:
             return
-        stage = STAGE_LABELS[event.stage.value]
+        stage = STAGE_LABELS[event.stage]
         status = event.state
         if event.loss is not None:
             status = f"loss {event.loss:.4f}"
@@ -127,11 +127,11 @@ class BatchView:
 
 def decision_text(verdict: Verdict, markup: bool = False) -> str:
     if verdict.status != "completed":
-        text = verdict.status + (f" ({verdict.failed_stage.value})" if verdict.failed_stage else "")
+        text = verdict.status + (f" ({verdict.failed_stage})" if verdict.failed_stage else "")
         colour = "red"
     else:
         text = f"final_decision {verdict.final_decision}" + (
-            f" ({verdict.failed_stage.value})" if verdict.failed_stage else "")
+            f" ({verdict.failed_stage})" if verdict.failed_stage else "")
         colour = "green" if verdict.final_decision else "yellow"
     return f"[{colour}]{escape(text)}[/]" if markup else text
 
@@ -187,7 +187,7 @@ def requests_table(views: Sequence[RequestStatusView], now: datetime | None = No
     for view in views:
         decision = "" if view.final_decision is None else str(view.final_decision)
         if view.failed_stage:
-            decision += f" ({view.failed_stage.value})"
+            decision += f" ({view.failed_stage})"
         table.add_row(
             # A finished request's last stage says nothing: where it failed is in the decision.
             view.request_id, view.status, "" if view.terminal else (view.stage or ""), human_age(age(view, now)),
@@ -200,7 +200,7 @@ def requests_table(views: Sequence[RequestStatusView], now: datetime | None = No
 def requests_json(views: Sequence[RequestStatusView], now: datetime | None = None) -> str:
     return json.dumps([
         {"request_id": v.request_id, "status": v.status, "stage": v.stage, "age_s": age(v, now),
-         "final_decision": v.final_decision, "failed_stage": v.failed_stage.value if v.failed_stage else None,
+         "final_decision": v.final_decision, "failed_stage": v.failed_stage,
          "submitted_at": v.submitted_at.isoformat() if v.submitted_at else None,
          "task": v.task.model_dump(mode="json") if v.task else None}
         for v in views
@@ -210,7 +210,7 @@ def requests_json(views: Sequence[RequestStatusView], now: datetime | None = Non
 def progress_line(event: ProgressEvent) -> str:
     step = f" step {event.step}/{event.total}" if event.step is not None else ""
     loss = f" loss {event.loss:.4f}" if event.loss is not None else ""
-    return f"[{event.stage.value}] {event.state}{step}{loss} {event.message}".rstrip()
+    return f"[{event.stage}] {event.state}{step}{loss} {event.message}".rstrip()
 
 
 def _num(value: float | None) -> str:

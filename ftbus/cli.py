@@ -95,7 +95,7 @@ def _run(coro: Coroutine[Any, Any, int], settings: Settings) -> None:
 async def run_services(bus: Bus, stages: list[Stage], concurrency: int | None, stop: asyncio.Event) -> None:
     """Run ``stages`` here until ``stop``; ``concurrency`` None: each stage's own (its spec, settings)."""
     tasks = [
-        asyncio.create_task(spec.run(bus, stop, concurrency, PIPELINE), name=spec.stage.value)
+        asyncio.create_task(spec.run(bus, stop, concurrency, PIPELINE), name=spec.stage)
         for spec in PIPELINE
         if spec.stage in stages
     ]
@@ -199,7 +199,7 @@ def worker(
         from ftbus.undertaker import start_undertaker
 
         start_undertaker()  # kills our candidates' processes if this worker is killed
-        bus = await Bus.connect(settings, name=f"ftbus-{stage.value}")
+        bus = await Bus.connect(settings, name=f"ftbus-{stage}")
         try:
             from shared.retry import retry_transient
 
@@ -382,7 +382,7 @@ def status(
         out.print(table)
         if record.progress and not record.terminal:
             p = record.progress
-            out.print(f"last progress: {p.stage.value} {p.message} step {p.step}/{p.total} loss {p.loss}")
+            out.print(f"last progress: {p.stage} {p.message} step {p.step}/{p.total} loss {p.loss}")
         if record.final_decision is not None:
             out.print(f"final_decision: {record.final_decision}")
         return 0
@@ -435,7 +435,7 @@ def watch(
                 elif isinstance(item, Progress):
                     step = f" step {item.step}/{item.total}" if item.step is not None else ""
                     loss = f" loss {item.loss:.4f}" if item.loss is not None else ""
-                    out.print(f"{item.request_id}  {item.stage.value:<9} {item.state:<8}{step}{loss} {item.message}")
+                    out.print(f"{item.request_id}  {item.stage:<9} {item.state:<8}{step}{loss} {item.message}")
                 else:
                     out.print(f"{item.request_id}  [bold]verdict[/] {item.status} final_decision={item.final_decision}")
         return 0

@@ -263,7 +263,7 @@ class Client:
         pipeline_stage = LOG_STAGE[stage]
 
         def _on_progress(progress: Progress) -> None:
-            if progress.stage.value == pipeline_stage:
+            if progress.stage == pipeline_stage:
                 queue.put_nowait(progress)
 
         from shared import codec

@@ -18,10 +18,13 @@ import argparse
 import difflib
 import sys
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ftbus.stages import PIPELINE
 from shared.events import Stage
+from shared.stagespec import StageSpec
 from shared.subjects import Subjects
 
 ACCOUNTS_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "accounts.conf"
@@ -47,8 +50,10 @@ class User:
 class Topology:
     """The code's names (one prefix), and the families of JetStream API subjects over them."""
 
-    def __init__(self, subjects: Subjects) -> None:
+    def __init__(self, subjects: Subjects, stages: Sequence[str] = tuple(Stage)) -> None:
         self.s = subjects
+        #: The pipeline's stages (each has its results bucket).
+        self.stages = tuple(stages)
 
     # ------------------------------------------------------------------ names
 
@@ -58,7 +63,7 @@ class Topology:
     def obj(self, store: str) -> str:
         return f"OBJ_{store}"
 
-    def durable(self, stage: Stage, suffix: str = "") -> str:
+    def durable(self, stage: str, suffix: str = "") -> str:
         return self.s.durable(stage) + suffix
 
     def streams(self) -> list[str]:
@@ -67,7 +72,7 @@ class Topology:
                 s.stream_advisories]
 
     def buckets(self) -> list[str]:
-        return [self.s.kv_requests, self.s.kv_status, *(self.s.kv_stage_results(stage) for stage in Stage)]
+        return [self.s.kv_requests, self.s.kv_status, *(self.s.kv_stage_results(stage) for stage in self.stages)]
 
     def stores(self) -> list[str]:
         return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private]
@@ -146,7 +151,7 @@ class Topology:
             [s.bench_test, f"{s.prefix}.report.>", s.dlq, "$JS.EVENT.>"],
         )
 
-    def stage_consumer(self, stage: Stage) -> Group:
+    def stage_consumer(self, stage: str) -> Group:
         d, e = self.durable(stage), self.s.stream_events
         return (
             f"its durable consumer {d} on {e}: create, info, fetch, ack",
@@ -179,31 +184,34 @@ CLIENT = "ftbus-client"  # the ftbus CLI and FtbusClient (settings.client_name's
 DASHBOARD = "dashboard"  # dashboards (FTBUS_CLIENT_NAME=dashboard)
 
 
-def worker_connection(stage: Stage) -> str:
+def worker_connection(stage: str) -> str:
     """`ftbus worker STAGE`'s connection name (ftbus/cli.py)."""
-    return f"ftbus-{stage.value}"
+    return f"ftbus-{stage}"
 
 
-def users(subjects: Subjects | None = None) -> list[User]:
-    t = Topology(subjects or Subjects())
+def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE) -> list[User]:
+    """Every NATS user of ``pipeline`` (ftbus's own by default): what each may publish and
+    subscribe to. A stage ftbus does not know by name gets a worker user made from its row alone."""
+    t = Topology(subjects or Subjects(), [spec.stage for spec in pipeline])
     s = t.s
     p = s.prefix
-    results = {stage: s.kv_stage_results(stage) for stage in Stage}
+    rows = {spec.stage: spec for spec in pipeline}
+    results = {stage: s.kv_stage_results(stage) for stage in t.stages}
     artifacts, cache, private = s.object_store, s.object_store_cache, s.object_store_private
     topology_lookup: Group = ("ensure_topology(): metadata only; stream names for js.subscribe()",
                               ["$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES"])
     status_read: Group = ("the cancel check (shared/runtime.py): the public view, read only",
                           t.kv_read(s.kv_status))
 
-    def worker_subscribe(stage: Stage) -> Rules:
+    def worker_subscribe(stage: str) -> Rules:
         return Rules(
-            allow=[(f"`ftbus worker {stage.value}`'s replies; the deploy/k8s init container (see data);\n"
+            allow=[(f"`ftbus worker {stage}`'s replies; the deploy/k8s init container (see data);\n"
                     "cancels (kill a cancelled request's work)",
                     [t.inboxes(worker_connection(stage)), t.inboxes(WAIT_TOPOLOGY), s.cancel])],
             deny=[t.subscribe_deny()],
         )
 
-    def stage_results(stage: Stage) -> Group:
+    def stage_results(stage: str) -> Group:
         bucket = results[stage]
         return f"its own idempotency bucket {bucket}: read and write", [*t.kv_read(bucket), f"$KV.{bucket}.>"]
 
@@ -282,7 +290,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.data),
                 ("its results; undecodable input -> dead letter; progress (core NATS, not persisted)",
-                 [s.completed("data"), s.failed("data"), s.dlq, s.progress()]),
+                 [*rows[Stage.data].publishes(s), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.data),
                 ("artifacts: read the workspace (metadata get + ordered consumer on the chunks) and write\n"
@@ -305,7 +313,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.train),
                 ("its results, dead letters, progress (step, total, loss, ETA)",
-                 [s.completed("train"), s.failed("train"), s.dlq, s.progress()]),
+                 [*rows[Stage.train].publishes(s), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.train),
                 ("artifacts: workspace + data.json in, outputs and logs out",
@@ -332,7 +340,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.bench),
                 ("its results, the hidden split (write only), dead letters, progress",
-                 [s.completed("bench"), s.failed("bench"), s.bench_test, s.dlq, s.progress()]),
+                 [*rows[Stage.bench].publishes(s), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.bench),
                 ("artifacts: training outputs in; validation logs out",
@@ -360,7 +368,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                 topology_lookup,
                 t.stage_consumer(Stage.judge),
                 ("its verdict input for the aggregator, dead letters, progress",
-                 [s.completed("judge"), s.dlq, s.progress()]),
+                 [*rows[Stage.judge].publishes(s), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.judge),
                 ("artifacts, read only: train.yaml and the stage logs it judges", t.store_read(artifacts)),
@@ -402,7 +410,7 @@ def users(subjects: Subjects | None = None) -> list[User]:
                              "an agent may write the artifacts store, and cache keys are content hashes\n"
                              "anyone can compute, so a cache there could be planted"),
                 ("forging stage results, test results, verdicts, reports, records",
-                 [f"{p}.data.>", f"{p}.train.>", f"{p}.bench.>", f"{p}.judge.>", f"{p}.verdict.>",
+                 [*(f"{p}.{spec.stage}.>" for spec in pipeline if spec.result is not None), f"{p}.verdict.>",
                   f"{p}.report.>", s.dlq, "$KV.>"]),
             ],
         ),
@@ -457,7 +465,32 @@ def users(subjects: Subjects | None = None) -> list[User]:
         None,
         None,
     )
-    return [admin, aggregate, data, train, bench, judge, agent, dashboard]
+    # A stage of another pipeline (ftbus knows its own by name, above): a worker user from its row,
+    # as no more trusted than an agent: its consumer, what it publishes, its own results bucket, the
+    # artifacts store; never the hidden split, the caches, the private store, others' results.
+    others = [
+        User(
+            spec.stage,
+            f"`ftbus worker {spec.stage}` ({spec.words or spec.label}): a stage of this pipeline, its rules\n"
+            "made from its row of the pipeline table (shared/stagespec.py).",
+            Rules(
+                allow=[
+                    topology_lookup,
+                    t.stage_consumer(spec.stage),
+                    ("its results, dead letters, progress", [*spec.publishes(s), s.dlq, s.progress()]),
+                    status_read,
+                    stage_results(spec.stage),
+                    ("artifacts: read and write", [*t.store_read(artifacts), *t.store_write(artifacts)]),
+                ],
+                deny=[*stage_denies_common, t.deny_bench_results(), t.deny_private(), t.deny_cache(),
+                      t.deny_forging()],
+            ),
+            worker_subscribe(spec.stage),
+        )
+        for spec in pipeline
+        if spec.stage not in tuple(Stage) and spec.handler is not None
+    ]
+    return [admin, aggregate, data, train, bench, judge, *others, agent, dashboard]
 
 
 # The file's preamble: what the places are, and why (it speaks of the default prefix).
@@ -637,7 +670,7 @@ def _rules_lines(kind: str, rules: Rules | None, indent: str) -> list[str]:
     return lines
 
 
-def render(subjects: Subjects | None = None) -> str:
+def render(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE) -> str:
     subjects = subjects or Subjects()
     out = [HEADER.rstrip("\n"), ""]
     if subjects.prefix != "ftbus":
@@ -653,7 +686,7 @@ def render(subjects: Subjects | None = None) -> str:
         "        }",
         "        users: [",
     ]
-    for n, user in enumerate(users(subjects)):
+    for n, user in enumerate(users(subjects, pipeline)):
         if n:
             out.append("")
         out.append(f"{_INDENT}# {'-' * 66} {user.name}")

@@ -12,7 +12,7 @@ from shared.events import Progress as ProgressEvent
 from shared.events import Stage
 
 # The stages that show a bar, in pipeline order (the aggregator's work is the verdict itself).
-STAGE_LABELS = {stage: label for stage, label in LABELS.items() if stage != Stage.aggregate.value}
+STAGE_LABELS = {stage: label for stage, label in LABELS.items() if stage != Stage.aggregate}
 
 
 class ProgressView:
@@ -38,7 +38,7 @@ class ProgressView:
         self.progress.stop()
 
     def update(self, event: ProgressEvent) -> None:
-        stage = event.stage.value
+        stage = event.stage
         if stage not in STAGE_LABELS:
             return
         if stage not in self.tasks:

@@ -18,4 +18,4 @@ from shared.stagespec import StageSpec
 PIPELINE: tuple[StageSpec, ...] = (DATA, TRAIN, BENCH, JUDGE, AGGREGATE)
 BY_STAGE: dict[Stage, StageSpec] = {spec.stage: spec for spec in PIPELINE}
 #: Progress views: stage name -> label, in pipeline order.
-LABELS: dict[str, str] = {spec.stage.value: spec.label for spec in PIPELINE}
+LABELS: dict[str, str] = {spec.stage: spec.label for spec in PIPELINE}

@@ -12,7 +12,7 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
     colour = "green" if verdict.final_decision else ("yellow" if verdict.status == "completed" else "red")
     head = f"[{colour}]final_decision: {verdict.final_decision}[/]  status: {verdict.status}"
     if verdict.failed_stage:
-        head += f"  failed_stage: {verdict.failed_stage.value}"
+        head += f"  failed_stage: {verdict.failed_stage}"
     if verdict.judge:
         judge = verdict.judge
         who = f"llm ({judge.model})" if judge.kind == "llm" else f"rules ({judge.reason or 'no LLM configured'})"

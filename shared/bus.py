@@ -242,7 +242,9 @@ class Bus:
 
     # ------------------------------------------------------------------ topology
 
-    async def ensure_topology(self) -> None:
+    async def ensure_topology(self, stages: Sequence[str] | None = None) -> None:
+        """Create or update every stream, bucket and store. ``stages``: the pipeline's stage names,
+        whose results the events stream holds (None: ftbus's own, shared.events.Stage)."""
         s, cfg = self.subjects, self.settings
         common: dict[str, Any] = {
             "storage": api.StorageType.FILE,
@@ -253,7 +255,7 @@ class Bus:
         await self._ensure_stream(
             api.StreamConfig(
                 name=s.stream_events,
-                subjects=s.event_stream_subjects(),
+                subjects=s.event_stream_subjects(stages),
                 retention=api.RetentionPolicy.LIMITS,
                 description="ftbus requests and stage events",
                 **common,
@@ -295,7 +297,7 @@ class Bus:
         )
         await self.kv(s.kv_requests)
         await self.kv(s.kv_status)
-        for stage in Stage:
+        for stage in Stage if stages is None else stages:
             await self.kv(s.kv_stage_results(stage))
         await self.artifacts()
         await self.cache_artifacts()

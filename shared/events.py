@@ -49,22 +49,6 @@ class FailedStage(StrEnum):
     cancelled = "cancelled"
 
 
-# The one mapping between the two vocabularies: a worker stage's name in the record, where the
-# record keeps the reference evaluator's names (docs/design.md §7), and its words in messages.
-RECORD_NAMES: dict[Stage, FailedStage] = {
-    Stage.data: FailedStage.data_processing,
-    Stage.train: FailedStage.training,
-    Stage.bench: FailedStage.benchmark,
-    Stage.judge: FailedStage.judge,
-    Stage.aggregate: FailedStage.aggregate,
-}
-STAGE_WORDS: dict[Stage, str] = {
-    Stage.data: "data processing",
-    Stage.train: "training",
-    Stage.bench: "benchmark",
-    Stage.judge: "judge",
-    Stage.aggregate: "aggregator",
-}
 #: The stages that run candidate code, by their record names: their timeouts, their logs.
 RunStage = Literal["data_processing", "training", "benchmark"]
 
@@ -218,7 +202,7 @@ class StageResult(Event):
     ok: bool
     context: RequestContext
     data: DataSummary
-    failed_stage: FailedStage | None = None
+    failed_stage: str | None = None  # a FailedStage, or another pipeline row's record_name
     error: str | None = None
     run: StageRun | None = None
 
@@ -365,7 +349,7 @@ class JudgeResult(Event):
     context: RequestContext
     feedback: Feedback
     raw_execution: str = ""
-    failed_stage: FailedStage | None = None
+    failed_stage: str | None = None  # a FailedStage, or another pipeline row's record_name
     judge: JudgeInfo
     result: VerdictResult
     artifacts: list[WorkspaceFile] = Field(default_factory=list)
@@ -389,7 +373,7 @@ class Verdict(Event):
     code: str
     final_decision: bool
     raw_execution: str = ""
-    failed_stage: FailedStage | None = None
+    failed_stage: str | None = None  # a FailedStage, or another pipeline row's record_name
     result: VerdictResult = Field(default_factory=VerdictResult)
     judge: JudgeInfo | None = None
     artifacts: list[WorkspaceFile] = Field(default_factory=list)
@@ -408,7 +392,8 @@ class Report(Verdict):
 
 
 class Progress(Event):
-    stage: Stage
+    #: A :class:`Stage`, or the name of a stage another pipeline adds (shared/stagespec.py).
+    stage: str
     state: Literal["started", "running", "finished", "failed", "retrying"] = "running"
     step: int | None = None
     total: int | None = None
@@ -424,7 +409,7 @@ class DeadLetter(Model):
     request_id: str | None = None
     emitted_at: datetime = Field(default_factory=utcnow)
     original_subject: str
-    stage: Stage | None = None
+    stage: str | None = None
     reason: str
     payload: bytes = b""
     deliveries: int | None = None

@@ -14,7 +14,6 @@ from pydantic import Field
 
 from shared.events import (
     BenchmarkScores,
-    FailedStage,
     JudgeResult,
     Model,
     Progress,
@@ -52,7 +51,7 @@ class RequestStatusView(Model):
     updated_at: datetime = Field(default_factory=utcnow)
     stages: dict[str, StageTiming] = Field(default_factory=dict)
     progress: Progress | None = None
-    failed_stage: FailedStage | None = None
+    failed_stage: str | None = None
     final_decision: bool | None = None
     cancel_requested: bool = False
     #: The requests bucket's revision of the record this view shows: a view only ever replaces

@@ -135,7 +135,7 @@ def _deliveries(msg: Msg) -> int:
 
 
 def _stage_key(request_id: str, stage: Stage) -> str:
-    return f"{request_id}.{stage.value}"
+    return f"{request_id}.{stage}"
 
 
 # ---------------------------------------------------------------------------- policies
@@ -194,7 +194,7 @@ class IdempotencyStore(Policy):
         if not entry.value:
             return False
         for subject, kind, payload in msgpack.unpackb(entry.value, raw=False):
-            await bus.publish_payload(subject, payload, msg_id(request_id, worker.stage.value, kind))
+            await bus.publish_payload(subject, payload, msg_id(request_id, worker.stage, kind))
         log.info("stage already done, republished its stored result")
         return True
 
@@ -333,7 +333,7 @@ class StageWorker:
         self.device_slots = device_slots
         self.runner = runner
         self.stream = stream or bus.subjects.stream_events
-        self._workdirs = bus.settings.work / stage.value
+        self._workdirs = bus.settings.work / stage
         self.durable = durable or bus.subjects.durable(stage)
         self.filters = list(filters)
         self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
@@ -354,24 +354,24 @@ class StageWorker:
     async def run(self, stop: asyncio.Event) -> None:
         for policy in self.policies:
             await policy.start(self)
-        log.info("worker started", stage=self.stage.value, concurrency=self.concurrency, durable=self.durable)
+        log.info("worker started", stage=self.stage, concurrency=self.concurrency, durable=self.durable)
         try:
             # On stop, do not finish a training that may take hours: the loops are cancelled (the
             # runner kills its process tree) and the message naked, so another worker takes it.
             await self.bus.consume(self.stream, self.durable, self.filters, self._process, stop,
-                                   concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage.value)
+                                   concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage)
         finally:
             for policy in self.policies:
                 await policy.stop()
             if self._cleanups:  # working folders still being deleted
                 await asyncio.gather(*self._cleanups, return_exceptions=True)
-            log.info("worker stopped", stage=self.stage.value)
+            log.info("worker stopped", stage=self.stage)
 
     def cancel_running(self, request_id: str, reason: str) -> None:
         """Kill this worker's running handling of ``request_id``, as a cancel (acked, not retried)."""
         task = self._running.get(request_id)
         if task is not None and not task.done():
-            with bound(request_id=request_id, stage=self.stage.value):
+            with bound(request_id=request_id, stage=self.stage):
                 log.info("cancelling the running stage", reason=reason)
             self._cancelled.add(request_id)
             task.cancel()
@@ -392,7 +392,7 @@ class StageWorker:
                 await msg.term()
             return
         request_id: str = event.request_id
-        with bound(request_id=request_id, stage=self.stage.value):
+        with bound(request_id=request_id, stage=self.stage):
             for policy in self.policies:
                 if await policy.skip(self, request_id, deliveries):
                     await msg.ack()
@@ -453,7 +453,7 @@ class StageWorker:
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
             # stage again, and the de-duplication ids keep a second copy off the stream.
             await asyncio.gather(
-                *(self.bus.publish_payload(out.subject, out.payload, msg_id(request_id, self.stage.value, out.kind))
+                *(self.bus.publish_payload(out.subject, out.payload, msg_id(request_id, self.stage, out.kind))
                   for out in outgoing),
                 *(policy.done(ctx, outgoing) for policy in self.policies),
             )
@@ -489,7 +489,7 @@ class StageWorker:
 
     async def _dead_letter(self, msg: Msg, reason: str, request_id: str | None, deliveries: int) -> None:
         seq = msg.metadata.sequence.stream if msg.metadata else 0
-        with bound(request_id=request_id or "-", stage=self.stage.value):
+        with bound(request_id=request_id or "-", stage=self.stage):
             log.error("dead-lettering an unreadable message", reason=reason, subject=msg.subject)
         letter = DeadLetter(
             request_id=request_id,

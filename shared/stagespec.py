@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from shared.events import FailedStage, Stage
+from shared.events import FailedStage
 from shared.logs import get_logger
 from shared.quota import with_quota
 from shared.runner import Runner, reap_orphans
@@ -33,18 +33,26 @@ if TYPE_CHECKING:
 log = get_logger("ftbus.stage")
 
 SubjectsOf = Callable[[Subjects], list[str]]
+#: What a stage reads, given the whole pipeline (the aggregator reads every stage's results).
+ReadsOf = Callable[[Subjects, Sequence["StageSpec"]], list[str]]
 
 
 @dataclass(frozen=True)
 class StageSpec:
-    stage: Stage
+    #: Its name: a :class:`~shared.events.Stage` for ftbus's own stages, any short name for another.
+    stage: str
     #: How progress views name it.
     label: str
-    consumes: SubjectsOf
     accepts: tuple[type[BaseModel], ...]
-    emits: SubjectsOf
     #: None for the aggregator, whose handler belongs to its instance.
     handler: Handler | None
+    #: What its durable consumer reads; None: the results of the stages whose ``next`` it is (and,
+    #: with ``judges_failures``, every stage's failures): see :meth:`reads`.
+    consumes: ReadsOf | None = None
+    #: What it publishes; None: its result's subjects (:meth:`subjects`).
+    emits: SubjectsOf | None = None
+    #: It reads every stage's failures (the judge).
+    judges_failures: bool = False
     #: It runs candidate code: its worker gets the sandbox runner (``make_runner``), and refuses to
     #: start where the sandbox cannot run.
     sandboxed: bool = False
@@ -72,13 +80,26 @@ class StageSpec:
     #: It publishes the candidate's failures there on ``<stage>.failed`` (the judge judges them).
     fails: bool = True
     #: Its name in the record and in a verdict's ``failed_stage`` (the reference evaluator's words).
-    record_name: FailedStage = FailedStage.aggregate
+    record_name: str = FailedStage.aggregate
     #: How messages name it ("ERROR in the data processing stage").
     words: str = ""
     #: How long one of its runs may take (a setting): the sweeper ends a request silent for longer.
     timeout: Callable[[Settings], float] = lambda settings: settings.data_timeout_s
     #: The stage that reads its results when it succeeded; None: the end of the line.
-    next: Stage | None = None
+    next: str | None = None
+
+    def reads(self, s: Subjects, pipeline: Sequence[StageSpec]) -> list[str]:
+        """The subjects its consumer reads, in ``pipeline``."""
+        if self.consumes is not None:
+            return self.consumes(s, pipeline)
+        reads = [s.completed(spec.stage) for spec in pipeline if spec.next == self.stage and spec.result is not None]
+        if self.judges_failures:
+            reads += [s.failed(spec.stage) for spec in pipeline if spec.result is not None and spec.fails]
+        return reads
+
+    def publishes(self, s: Subjects) -> list[str]:
+        """The subjects it publishes its events on."""
+        return self.emits(s) if self.emits is not None else self.subjects(s)
 
     def subjects(self, s: Subjects) -> list[str]:
         """Where its results are published: ``<stage>.completed``, and ``<stage>.failed`` if it fails."""
@@ -91,7 +112,7 @@ class StageSpec:
         else the ``stage_concurrency`` setting, else the stage's own default."""
         if override is not None:
             return max(1, override)
-        return max(1, settings.stage_concurrency.get(self.stage.value, self.concurrency))
+        return max(1, settings.stage_concurrency.get(self.stage, self.concurrency))
 
     async def run(self, bus: Bus, stop: asyncio.Event, concurrency: int | None = None,
                   pipeline: Sequence[StageSpec] = ()) -> None:
@@ -106,24 +127,25 @@ class StageSpec:
             # A worker of this host that died left its candidate's processes running: kill them first.
             orphans = await asyncio.to_thread(reap_orphans)
             if orphans:
-                log.warning("killed candidate processes left by a dead worker", pids=orphans, stage=self.stage.value)
-            runner = make_runner(bus.settings, self.stage.value)
+                log.warning("killed candidate processes left by a dead worker", pids=orphans, stage=self.stage)
+            runner = make_runner(bus.settings, self.stage)
         if runner is not None and self.disk_quota is not None:
             settings = bus.settings
             runner = with_quota(runner, max_bytes=self.disk_quota(settings), max_files=settings.run_max_files,
                                 poll_s=settings.quota_poll_s)
-        await self.worker(bus, concurrency=concurrency, runner=runner).run(stop)
+        await self.worker(bus, pipeline, concurrency=concurrency, runner=runner).run(stop)
 
-    def worker(self, bus: Bus, *, concurrency: int = 1, runner: Runner | None = None,
+    def worker(self, bus: Bus, pipeline: Sequence[StageSpec], *, concurrency: int = 1, runner: Runner | None = None,
                policies: Sequence[Policy] | None = None) -> StageWorker:
-        """This stage's worker, its consumer filtered on what the stage consumes. A stage that runs
-        candidate code must be given its runner (the sandbox: shared/stage_runner.py)."""
-        assert self.handler is not None, f"{self.stage.value} has no plain handler"
+        """This stage's worker in ``pipeline``, its consumer filtered on what the stage reads there.
+        A stage that runs candidate code must be given its runner (the sandbox: shared/stage_runner.py)."""
+        assert self.handler is not None, f"{self.stage} has no plain handler"
         if self.sandboxed and runner is None:
-            raise ValueError(f"the {self.stage.value} stage runs candidate code: give its worker a runner")
+            raise ValueError(f"the {self.stage} stage runs candidate code: give its worker a runner")
         if policies is None:
             policies = (*stage_policies(), *self.extra_policies())
         slots = concurrency if self.device_phase else None
         return StageWorker(bus, self.stage, self.handler, self.accepts,
                            concurrency=2 * concurrency if self.device_phase else concurrency,
-                           device_slots=slots, runner=runner, filters=self.consumes(bus.subjects), policies=policies)
+                           device_slots=slots, runner=runner, filters=self.reads(bus.subjects, pipeline),
+                           policies=policies)

@@ -12,6 +12,7 @@ Stream layout, and why:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.events import Stage
@@ -83,17 +84,17 @@ class Subjects:
     def max_deliveries_advisory(self, stream: str | None = None, durable: str = "*") -> str:
         return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream or self.stream_events}.{durable}"
 
-    def event_stream_subjects(self) -> list[str]:
-        """The events stream's subjects: the request, cancels, and each stage's results (the hidden
-        test split's excepted: it has a stream of its own)."""
-        stages = [stage for stage in Stage if stage is not Stage.aggregate]
+    def event_stream_subjects(self, stages: Sequence[str] | None = None) -> list[str]:
+        """The events stream's subjects: the request, cancels, and the results of ``stages`` (the
+        pipeline's; None: ftbus's own), the hidden test split's excepted: it has a stream of its own."""
+        stages = [stage for stage in (Stage if stages is None else stages) if stage != Stage.aggregate]
         return [self.eval_requested, self.cancel,
                 *(subject for stage in stages for subject in (self.completed(stage), self.failed(stage)))]
 
     # ----------------------------------------------------------- consumers
 
-    def durable(self, stage: Stage) -> str:
-        return f"{self.prefix}-{stage.value}"
+    def durable(self, stage: str) -> str:
+        return f"{self.prefix}-{stage}"
 
     # ----------------------------------------------------------- buckets
 
@@ -107,10 +108,10 @@ class Subjects:
         """The public view of each record (no test data): workers, agents, `ftbus status`."""
         return f"{self.prefix}_status"
 
-    def kv_stage_results(self, stage: Stage) -> str:
+    def kv_stage_results(self, stage: str) -> str:
         """One bucket per stage, so NATS permissions can give each stage only its own (the bench
         stage's holds test-split results)."""
-        return f"{self.prefix}_results_{stage.value}"
+        return f"{self.prefix}_results_{stage}"
 
     @property
     def object_store(self) -> str:

@@ -92,7 +92,7 @@ class DeadLetterRow:
             "request_id": letter.request_id if letter else None,
             "emitted_at": letter.emitted_at.isoformat() if letter else None,
             "original_subject": letter.original_subject if letter else None,
-            "stage": letter.stage.value if letter and letter.stage else None,
+            "stage": letter.stage if letter and letter.stage else None,
             "reason": letter.reason if letter else self.error,
             "deliveries": letter.deliveries if letter else None,
             "payload_bytes": len(letter.payload) if letter else None,
@@ -214,12 +214,12 @@ class DashboardState:
         if record is not None and record.terminal:
             return  # a late event of a finished request
         self.last_progress[event.request_id] = event
-        if event.stage is Stage.train:
+        if event.stage == Stage.train:
             self.live_loss.setdefault(event.request_id, views.LossBuffer()).add(event)
         self.hub.publish({
             "type": "progress",
             "request_id": event.request_id,
-            "stage": event.stage.value,
+            "stage": event.stage,
             "state": event.state,
             "step": event.step,
             "total": event.total,
@@ -246,11 +246,11 @@ class DashboardState:
             durable = s.durable(stage)
             try:
                 info = await self.bus.js.consumer_info(s.stream_events, durable, timeout=5)
-                stats.append(views.stage_stats_from_info(stage.value, durable, info))
+                stats.append(views.stage_stats_from_info(stage, durable, info))
             except NotFoundError:
-                stats.append(views.StageStats(stage.value, durable, error="no worker has started yet"))
+                stats.append(views.StageStats(stage, durable, error="no worker has started yet"))
             except Exception as exc:
-                stats.append(views.StageStats(stage.value, durable, error=f"{type(exc).__name__}"))
+                stats.append(views.StageStats(stage, durable, error=f"{type(exc).__name__}"))
         try:
             dlq = (await self.bus.js.stream_info(s.stream_dlq)).state.messages
         except Exception:

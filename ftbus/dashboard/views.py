@@ -17,7 +17,7 @@ from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage,
 from shared.records import RequestRecord
 
 # The order of the stage cards and of the timeline.
-STAGE_ORDER: tuple[str, ...] = tuple(stage.value for stage in Stage)
+STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
 
 # Logs a request may have, and which store holds them ("private" = the hidden test split's store).
 LOG_FILES: tuple[tuple[str, str], ...] = (
@@ -113,7 +113,7 @@ def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
     if progress is None:
         return None
     return {
-        "stage": progress.stage.value,
+        "stage": progress.stage,
         "state": progress.state,
         "step": progress.step,
         "total": progress.total,
@@ -146,7 +146,7 @@ def request_row(record: RequestRecord, seen: Progress | None = None) -> dict[str
         "submitted_at": _iso(record.submitted_at),
         "updated_at": _iso(record.updated_at),
         "final_decision": record.final_decision,
-        "failed_stage": record.failed_stage.value if record.failed_stage else None,
+        "failed_stage": record.failed_stage,
         "progress": _progress_json(latest_progress(record, seen)),
     }
 
@@ -190,7 +190,7 @@ class LossBuffer:
     total: int | None = None
 
     def add(self, progress: Progress) -> bool:
-        if progress.stage is not Stage.train or progress.step is None or progress.loss is None:
+        if progress.stage != Stage.train or progress.step is None or progress.loss is None:
             return False
         if progress.total is not None:
             self.total = progress.total
@@ -213,7 +213,7 @@ def loss_curve(record: RequestRecord, live: LossBuffer | None) -> dict[str, Any]
         }
     points = dict(live.points) if live else {}
     progress = record.progress
-    if progress is not None and progress.stage is Stage.train and progress.step is not None \
+    if progress is not None and progress.stage == Stage.train and progress.step is not None \
             and progress.loss is not None:
         points.setdefault(progress.step, progress.loss)  # the record's last progress, if the dashboard missed it
     return {
@@ -330,7 +330,7 @@ def request_detail(
         "submitted_at": _iso(record.submitted_at),
         "updated_at": _iso(record.updated_at),
         "final_decision": record.final_decision,
-        "failed_stage": record.failed_stage.value if record.failed_stage else None,
+        "failed_stage": record.failed_stage,
         "cancel_requested": record.cancel_requested,
         "terminal": record.terminal,
         "progress": _progress_json(latest_progress(record, seen)),

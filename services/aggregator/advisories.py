@@ -51,7 +51,7 @@ async def dead_letter_for(bus: Bus, advisory: dict[str, Any]) -> None:
         request_id=request_id,
         original_subject=subject,
         stage=stage,
-        reason=f"the {stage.value if stage else consumer} stage failed {advisory.get('deliveries')} times "
+        reason=f"the {stage if stage else consumer} stage failed {advisory.get('deliveries')} times "
         f"(max_deliver); last errors are in that stage's worker logs",
         payload=payload[:65536],
         deliveries=advisory.get("deliveries"),

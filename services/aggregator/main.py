@@ -20,7 +20,7 @@ async def run(bus: Bus, stop: asyncio.Event, concurrency: int = 1, pipeline: Seq
 SPEC = StageSpec(
     stage=Stage.aggregate,
     label="verdict",
-    consumes=lambda s: s.event_stream_subjects(),
+    consumes=lambda s, pipeline: s.event_stream_subjects([spec.stage for spec in pipeline]),
     # And every stage's result, as the pipeline it is given says (Aggregator.accepts).
     accepts=(EvalRequested, CancelRequested),
     emits=lambda s: [s.verdict(), s.report(), s.dlq],

@@ -35,7 +35,7 @@ class Outbox:
             return record
         rid, s = record.request_id, self.bus.subjects
         said: dict[str, Any] = {}
-        with bound(request_id=rid, stage=Stage.aggregate.value):
+        with bound(request_id=rid, stage=Stage.aggregate):
             if "verdict_published" in flags and record.verdict is not None:
                 await self._publish_once(s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
                 said.update(status=record.verdict.status, final_decision=record.verdict.final_decision,

@@ -58,7 +58,8 @@ class Aggregator:
         self.s = bus.subjects
         self.concurrency = concurrency
         #: The pipeline's rows, by stage name.
-        self.rows: dict[str, StageSpec] = {spec.stage.value: spec for spec in pipeline}
+        self.pipeline = tuple(pipeline)
+        self.rows: dict[str, StageSpec] = {spec.stage: spec for spec in pipeline}
         #: Whose result each subject carries: a stage's completed and failed subjects.
         self._results: dict[str, StageSpec] = {
             subject: spec for spec in pipeline for subject in spec.subjects(self.s)
@@ -87,8 +88,8 @@ class Aggregator:
         # stream's traffic: about five events a request, one test-split result, and a dead letter
         # now and then.
         consumers = [
-            (s.stream_events, durable, s.event_stream_subjects(), self.accepts(), self._dead_letters_here,
-             self.concurrency),
+            (s.stream_events, durable, s.event_stream_subjects(list(self.rows)), self.accepts(),
+             self._dead_letters_here, self.concurrency),
             (s.stream_test, f"{durable}-test", [s.bench_test], (BenchResult,), always_dead_letter,
              max(1, self.concurrency // 4)),
             (s.stream_dlq, f"{durable}-dlq", [s.dlq], (DeadLetter,), never_dead_letter, min(2, self.concurrency)),
@@ -122,8 +123,8 @@ class Aggregator:
         cancels, subjects nobody consumes).
         """
         reader = next((spec for spec in self.rows.values()
-                       if spec.stage is not Stage.aggregate and subject in spec.consumes(self.s)), None)
-        return None if reader is None else f"the {reader.stage.value} stage dead-letters it"
+                       if spec.stage != Stage.aggregate and subject in spec.reads(self.s, self.pipeline)), None)
+        return None if reader is None else f"the {reader.stage} stage dead-letters it"
 
     # ------------------------------------------------------------------ events
 

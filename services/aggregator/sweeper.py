@@ -33,7 +33,7 @@ class Sweeper:
         self._open: OpenRecords | None = None
         #: The stage that publishes the hidden test split: how long it may run bounds the wait for it.
         s = bus.subjects
-        self.test_stage = next((stage for stage, row in rows.items() if s.bench_test in row.emits(s)), None)
+        self.test_stage = next((stage for stage, row in rows.items() if s.bench_test in row.publishes(s)), None)
 
     async def run(self, stop: asyncio.Event) -> None:
         interval = self.bus.settings.sweep_interval_s

@@ -23,7 +23,6 @@ from shared.events import (
     EvalRequested,
     JudgeResult,
     Progress,
-    Stage,
     StageResult,
     StageRun,
     Verdict,
@@ -76,17 +75,17 @@ def on_request(record: RequestRecord, event: EvalRequested) -> None:
     record.submitted_at = event.context.submitted_at
 
 
-def on_stage_result(record: RequestRecord, event: StageResult, row: StageSpec, judge: Stage) -> None:
+def on_stage_result(record: RequestRecord, event: StageResult, row: StageSpec, judge: str) -> None:
     """A stage's result (``row``'s): its timing, and the stage the request is in now: the next one,
     or ``judge`` (who judges every failure)."""
-    timing = _timing(record, row.stage.value)
+    timing = _timing(record, row.stage)
     _ran(timing, event.run)
     timing.finished_at = event.emitted_at
     timing.ok = event.ok
     if record.verdict is None:
         record.status = "running"
         following = row.next if event.ok else judge
-        record.stage = following.value if following is not None else row.stage.value
+        record.stage = str(following) if following is not None else str(row.stage)
 
 
 def on_test(record: RequestRecord, event: BenchResult) -> None:
@@ -96,7 +95,7 @@ def on_test(record: RequestRecord, event: BenchResult) -> None:
 
 
 def on_judge(record: RequestRecord, event: JudgeResult, row: StageSpec) -> None:
-    timing = _timing(record, row.stage.value)
+    timing = _timing(record, row.stage)
     _ran(timing, event.run)
     timing.finished_at = event.emitted_at
     timing.ok = True
@@ -118,7 +117,7 @@ def on_dead_letter(record: RequestRecord, event: DeadLetter, row: StageSpec | No
 def on_progress(record: RequestRecord, event: Progress) -> bool:
     if record.terminal:
         return False  # nothing to write
-    stage = event.stage.value
+    stage = event.stage
     timing = _timing(record, stage)
     if event.state == "started":
         timing.attempts += 1
@@ -146,10 +145,9 @@ def unchanged(record: RequestRecord) -> bool:
     return False
 
 
-def stage_of_consumer(prefix: str, consumer: str) -> Stage | None:
-    """The stage whose durable consumer is named ``consumer`` (``<prefix>-<stage>[-...]``)."""
-    name = consumer.removeprefix(f"{prefix}-").split("-")[0]
-    try:
-        return Stage(name)
-    except ValueError:
+def stage_of_consumer(prefix: str, consumer: str) -> str | None:
+    """The stage whose durable consumer is named ``consumer`` (``<prefix>-<stage>[-...]``); None
+    for a consumer that is not a stage's."""
+    if not consumer.startswith(f"{prefix}-"):
         return None
+    return consumer.removeprefix(f"{prefix}-").split("-")[0] or None

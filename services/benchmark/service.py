@@ -385,7 +385,6 @@ def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None
 SPEC = StageSpec(
     stage=Stage.bench,
     label="benchmark",
-    consumes=lambda s: [s.completed("train")],
     accepts=(TrainResult,),
     # The test split goes to its own stream, which only the aggregator reads.
     emits=lambda s: [s.completed("bench"), s.failed("bench"), s.bench_test],

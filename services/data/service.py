@@ -48,7 +48,7 @@ STATS_FILE = "data_stats.json"
 
 def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: str,
             summary: DataSummary | None = None) -> list[Outgoing]:
-    ctx.tell(failed_stage=stage.value, error=error)  # on the handling's `stage finished` line
+    ctx.tell(failed_stage=stage, error=error)  # on the handling's `stage finished` line
     result = DataResult(
         request_id=event.request_id,
         ok=False,
@@ -218,8 +218,7 @@ def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
 
 
 SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
-                 consumes=lambda s: [s.eval_requested], accepts=(EvalRequested,),
-                 emits=lambda s: [s.completed("data"), s.failed("data")],
+                 consumes=lambda s, pipeline: [s.eval_requested], accepts=(EvalRequested,),
                  disk_quota=lambda settings: settings.data_disk_quota_bytes,
                  # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart
                  # (data_concurrent_runs).

@@ -57,7 +57,7 @@ class JudgeFacts:
     """Everything the judge knows about one finished request; built once, by :func:`collect_facts`."""
 
     event: JudgedEvent
-    failed_stage: FailedStage | None
+    failed_stage: str | None  # a FailedStage, or another pipeline row's record_name
     outcome: RunFacts
     #: Each stage that ran, in pipeline order: its whole log as fetched, else the event's log tail.
     logs: Mapping[LogStage, str]
@@ -98,7 +98,7 @@ def default_log_stage(event: JudgedEvent, failed: FailedStage | None) -> LogStag
     if failed == FailedStage.precheck:
         return None
     if failed in (FailedStage.data_processing, FailedStage.training, FailedStage.benchmark):
-        return failed.value  # type: ignore[return-value]
+        return str(failed)  # type: ignore[return-value]
     if isinstance(event, DataResult):
         return "data_processing"
     return "training"

@@ -23,7 +23,7 @@ class RulesOutcome(BaseModel):
 
     decision: bool
     failed_criteria: list[str]
-    failed_stage: FailedStage | None
+    failed_stage: str | None  # a FailedStage, or another pipeline row's record_name
     exit_code: int | None
     timed_out: bool
 

@@ -29,7 +29,7 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
     # The decision, on this handling's `stage finished` line.
     ctx.tell(final_decision=result.feedback.final_decision, rules_decision=result.judge.rules_decision,
              judge_kind=result.judge.kind, judge_policy=ctx.settings.judge_policy,
-             failed_stage=result.failed_stage.value if result.failed_stage else None)
+             failed_stage=result.failed_stage)
     return [Outgoing(ctx.subjects.completed("judge"), result, "completed")]
 
 
@@ -76,9 +76,8 @@ SPEC = StageSpec(
     stage=Stage.judge,
     label="judge",
     # The validation result, or the failure of any stage before it: never the test split.
-    consumes=lambda s: [s.completed("bench"), s.failed("data"), s.failed("train"), s.failed("bench")],
+    judges_failures=True,
     accepts=(DataResult, TrainResult, BenchResult),
-    emits=lambda s: [s.completed("judge")],
     handler=handle,
     # Reading logs and waiting on an LLM: many at once.
     concurrency=16,

@@ -142,8 +142,7 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
 
 
 SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
-                 consumes=lambda s: [s.completed("data")], accepts=(DataResult,),
-                 emits=lambda s: [s.completed("train"), s.failed("train")],
+                 accepts=(DataResult,),
                  disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True,
                  result=TrainResult, record_name=FailedStage.training, words="training",
                  timeout=lambda settings: settings.train_timeout_s, next=Stage.bench)

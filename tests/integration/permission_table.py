@@ -390,7 +390,7 @@ def build_table() -> list[Op]:
         *(
             (results[stage], _users(user), _users(), _users(user))
             for stage, user in STAGE_USERS.items()
-            if stage is not Stage.aggregate
+            if stage != Stage.aggregate
         ),
         (results[Stage.aggregate], _users(), _users(), _users()),
     ):

@@ -22,6 +22,7 @@ import msgpack
 import pytest
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from ftbus.stages import PIPELINE
 from services.trainer import service as trainer
 from shared import codec
 from shared.bus import Bus
@@ -223,7 +224,8 @@ async def test_two_train_workers_share_ten_requests(pipeline: Pipeline, settings
     buses = [await Bus.connect(settings, name=f"train-{i}") for i in range(2)]
     workers = [
         asyncio.create_task(
-            StageWorker(bus, Stage.train, handler_of(i), (DataResult,), filters=trainer.SPEC.consumes(bus.subjects),
+            StageWorker(bus, Stage.train, handler_of(i), (DataResult,),
+                        filters=trainer.SPEC.reads(bus.subjects, PIPELINE),
                         runner=make_runner(bus.settings, "train"))
             .run(stop)
         )

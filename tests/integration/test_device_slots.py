@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from ftbus.stages import PIPELINE
 from services.trainer.service import SPEC as TRAIN_SPEC
 from shared.bus import Bus
 from shared.events import DataResult, Stage
@@ -143,7 +144,7 @@ def test_the_train_stage_runs_two_messages_per_gpu_slot(settings: Settings) -> N
             self.subjects = Subjects(settings.subject_prefix)
 
     runner = make_runner(settings, "train")
-    one = TRAIN_SPEC.worker(FakeBus(), concurrency=1, runner=runner)  # type: ignore[arg-type]
+    one = TRAIN_SPEC.worker(FakeBus(), PIPELINE, concurrency=1, runner=runner)  # type: ignore[arg-type]
     assert (one.device_slots, one.concurrency) == (1, 2)
-    two = TRAIN_SPEC.worker(FakeBus(), concurrency=2, runner=runner)  # type: ignore[arg-type]
+    two = TRAIN_SPEC.worker(FakeBus(), PIPELINE, concurrency=2, runner=runner)  # type: ignore[arg-type]
     assert (two.device_slots, two.concurrency) == (2, 4)

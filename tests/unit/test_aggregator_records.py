@@ -164,8 +164,8 @@ def test_a_stage_s_result_tells_its_start_and_attempts() -> None:
 
 
 def test_consumer_names_map_back_to_stages() -> None:
-    assert agg.stage_of_consumer("ftbus", "ftbus-train") is Stage.train
-    assert agg.stage_of_consumer("ftbus", "ftbus-aggregate-test") is Stage.aggregate
+    assert agg.stage_of_consumer("ftbus", "ftbus-train") == Stage.train
+    assert agg.stage_of_consumer("ftbus", "ftbus-aggregate-test") == Stage.aggregate
     assert agg.stage_of_consumer("ftbus", "other") is None
 
 

@@ -11,6 +11,7 @@ import pytest
 from nats.js.api import PubAck
 from pydantic import BaseModel
 
+from ftbus.stages import PIPELINE
 from services.judge import service as judge
 from shared.events import ArtifactRef, FailedStage, JudgeResult, Stage
 from shared.subjects import msg_id
@@ -39,7 +40,7 @@ async def stored_log(bus: MemoryBus, name: str, text: str) -> ArtifactRef:
 
 async def judged(bus: MemoryBus, subject: str, event: BaseModel) -> tuple[JudgeResult, PubAck]:
     """Publish ``event`` for the judge's worker and return its one JudgeResult."""
-    async with running(bus, judge.SPEC.worker(bus)):  # type: ignore[arg-type]
+    async with running(bus, judge.SPEC.worker(bus, PIPELINE)):  # type: ignore[arg-type]
         ack = await bus.publish(subject, event, msg_id("req-1", "test", "event"))
         await bus.wait_for(lambda: bus.tracking(ack, bus.subjects.durable(Stage.judge)).acked, what="judged")
     [message] = bus.messages(bus.subjects.completed("judge"))

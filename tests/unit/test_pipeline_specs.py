@@ -18,20 +18,20 @@ def test_every_stage_once_in_order() -> None:
 
 
 def test_what_a_stage_emits_is_what_the_next_consumes() -> None:
-    emitted = {subject for spec in PIPELINE for subject in spec.emits(S)}
+    emitted = {subject for spec in PIPELINE for subject in spec.publishes(S)}
     for spec in PIPELINE:
         if spec.stage in (Stage.data, Stage.aggregate):
             continue
-        assert set(spec.consumes(S)) <= emitted, spec.stage
-    assert BY_STAGE[Stage.train].consumes(S) == [S.completed("data")]
-    assert BY_STAGE[Stage.bench].consumes(S) == [S.completed("train")]
+        assert set(spec.reads(S, PIPELINE)) <= emitted, spec.stage
+    assert BY_STAGE[Stage.train].reads(S, PIPELINE) == [S.completed("data")]
+    assert BY_STAGE[Stage.bench].reads(S, PIPELINE) == [S.completed("train")]
 
 
 def test_the_hidden_test_split_reaches_only_the_aggregator() -> None:
-    readers = [spec.stage for spec in PIPELINE if S.bench_test in spec.consumes(S)]
+    readers = [spec.stage for spec in PIPELINE if S.bench_test in spec.reads(S, PIPELINE)]
     assert readers == []  # not even the aggregator's event consumer: it reads FTBUS_TEST on its own
     assert S.bench_test not in S.event_stream_subjects()
-    assert S.bench_test in BY_STAGE[Stage.bench].emits(S)
+    assert S.bench_test in BY_STAGE[Stage.bench].publishes(S)
 
 
 def test_the_aggregator_leaves_a_stages_dead_letters_to_that_stage() -> None:
