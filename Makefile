@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 TOOLCHAIN := .toolchain
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 3
 
 .PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos gpu-check
 
@@ -62,8 +63,10 @@ assets: install toolchain
 demo: install toolchain sandbox
 	$(BIN)/python -m ftbus.demo
 
+# The tests run in TEST_WORKERS processes (pytest-xdist; most tests wait on a server, a container or
+# a subprocess, so three share two cores well); TEST_WORKERS=0 runs them in this one.
 test: install toolchain sandbox-for-tests browser rdagent-env
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -72,7 +72,7 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
     specs = []
     for spec in cli.PIPELINE:
         if spec.stage in stages and spec.handler is not None:
-            inner, name = spec.handler, spec.stage.value
+            inner, name = spec.handler, spec.stage
 
             async def timed(event: Any, ctx: Any, inner: Any = inner, name: str = name) -> Any:
                 t0 = time.time()

@@ -104,7 +104,7 @@ def check(requests: list[Request], stream_counts: dict[str, int], published: dic
             result.latencies.append(req.latency_s)
         if verdict.status == "error":
             if "max_deliver" in verdict.execution:
-                stage = verdict.failed_stage.value if verdict.failed_stage else "?"
+                stage = verdict.failed_stage if verdict.failed_stage else "?"
                 result.errors[f"{stage} max_deliver"] += 1
                 continue
             result.wrong.append(f"{req.rid} ({req.kind}: error {verdict.execution[:60]})")
@@ -112,6 +112,6 @@ def check(requests: list[Request], stream_counts: dict[str, int], published: dic
         if EXPECTED[req.kind].matches(verdict):
             result.ok += 1
         else:
-            stage = verdict.failed_stage.value if verdict.failed_stage else None
+            stage = verdict.failed_stage if verdict.failed_stage else None
             result.wrong.append(f"{req.rid} ({req.kind}: {verdict.status}/{verdict.final_decision}/{stage})")
     return result

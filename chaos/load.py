@@ -45,7 +45,7 @@ class Expected:
     failed_stage: str | None
 
     def matches(self, verdict: Any) -> bool:
-        stage = verdict.failed_stage.value if verdict.failed_stage else None
+        stage = verdict.failed_stage if verdict.failed_stage else None
         return (verdict.status == self.status and verdict.final_decision == self.final_decision
                 and (self.failed_stage == "*" or stage == self.failed_stage))
 

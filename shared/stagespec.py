@@ -114,10 +114,11 @@ class StageSpec:
             return max(1, override)
         return max(1, settings.stage_concurrency.get(self.stage, self.concurrency))
 
-    async def run(self, bus: Bus, stop: asyncio.Event, concurrency: int | None = None,
-                  pipeline: Sequence[StageSpec] = ()) -> None:
-        """Run this stage until ``stop``; ``pipeline`` is every stage's spec (the aggregator reads it).
-        ``concurrency``: messages handled at once, None for :meth:`concurrency_in`'s answer."""
+    async def run(self, bus: Bus, stop: asyncio.Event, concurrency: int | None,
+                  pipeline: Sequence[StageSpec]) -> None:
+        """Run this stage until ``stop`` as a stage of ``pipeline`` (every stage's spec: what this
+        one reads follows from it). ``concurrency``: messages handled at once, None for
+        :meth:`concurrency_in`'s answer."""
         concurrency = self.concurrency_in(bus.settings, concurrency)
         if self.entry is not None:
             await self.entry(bus, stop, concurrency, pipeline)
@@ -142,10 +143,12 @@ class StageSpec:
         assert self.handler is not None, f"{self.stage} has no plain handler"
         if self.sandboxed and runner is None:
             raise ValueError(f"the {self.stage} stage runs candidate code: give its worker a runner")
+        filters = self.reads(bus.subjects, pipeline)
+        if not filters:  # a consumer without filters would read every stage's events
+            raise ValueError(f"the {self.stage} stage reads nothing in this pipeline: no stage leads to it")
         if policies is None:
             policies = (*stage_policies(), *self.extra_policies())
         slots = concurrency if self.device_phase else None
         return StageWorker(bus, self.stage, self.handler, self.accepts,
                            concurrency=2 * concurrency if self.device_phase else concurrency,
-                           device_slots=slots, runner=runner, filters=self.reads(bus.subjects, pipeline),
-                           policies=policies)
+                           device_slots=slots, runner=runner, filters=filters, policies=policies)

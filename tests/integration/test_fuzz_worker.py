@@ -105,7 +105,7 @@ async def test_fuzzed_payloads_become_dead_letters_and_workers_stay_up(pipeline:
         if len(got) >= total:
             break
         await asyncio.sleep(0.5)
-    by_reader = Counter((letter.original_subject, letter.stage.value if letter.stage else "?") for letter in got)
+    by_reader = Counter((letter.original_subject, letter.stage if letter.stage else "?") for letter in got)
     assert by_reader == sent, f"dead letters {by_reader} for payloads {sent}"
 
     # Every worker is still up: the tasks run, and a real request goes all the way through.

@@ -21,6 +21,7 @@ import pytest
 
 from ftbus.embedded import nats_server_binary
 from ftbus.permissions import render
+from ftbus.stages import PIPELINE
 from shared.events import Stage
 from shared.settings import Settings
 from shared.subjects import Subjects, topology_stream_names
@@ -43,6 +44,9 @@ def code_subjects() -> dict[str, str]:
                 found[attr] = value
     for attr in ("verdict", "report", "progress"):
         found[attr] = getattr(S, attr)()
+    for spec in PIPELINE:  # each stage's results (Subjects.completed, .failed), as the table says
+        for subject in spec.subjects(S):
+            found[f"{subject.split('.')[-1]}({spec.stage})"] = subject
     return found
 
 

@@ -54,7 +54,7 @@ async def test_async_client_batches_lists_and_reads_logs(
         )
         assert [v.final_decision for v in verdicts] == [True, False]  # in the order given
         ok, failed = verdicts
-        assert failed.failed_stage is not None and failed.failed_stage.value == "data_processing"
+        assert failed.failed_stage is not None and failed.failed_stage == "data_processing"
 
         listed = await client.requests()
         assert {v.request_id for v in listed} == {ok.request_id, failed.request_id}

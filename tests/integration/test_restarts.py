@@ -96,13 +96,14 @@ async def test_a_stopping_worker_hands_its_message_over(
     tmp_path: Path, settings: Settings, pipeline: Pipeline
 ) -> None:
     """Stopping a worker mid-training naks the message at once: another worker finishes it."""
+    from ftbus.stages import PIPELINE
     from services.trainer import service as trainer
     from shared.events import Stage
 
     await pipeline.start([Stage.data, Stage.bench, Stage.judge, Stage.aggregate])
     assert pipeline.bus is not None and pipeline.client is not None
     stop_first = asyncio.Event()
-    first = asyncio.create_task(trainer.SPEC.run(pipeline.bus, stop_first))
+    first = asyncio.create_task(trainer.SPEC.run(pipeline.bus, stop_first, None, PIPELINE))
     pid_file = tmp_path / "trainer.pid"
     ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 30,
                                                  "standin_pid_file": str(pid_file)})
