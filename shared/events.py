@@ -400,6 +400,8 @@ class Progress(Event):
     loss: float | None = None
     eta_s: float | None = None
     message: str = ""
+    #: Which delivery of the stage's message this is (1: the first), on ``started`` and ``retrying``.
+    attempt: int | None = None
 
 
 class DeadLetter(Model):

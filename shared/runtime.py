@@ -252,14 +252,14 @@ class AnnounceProgress(Policy):
     """Started / finished / failed / retrying progress events for clients and dashboards."""
 
     async def started(self, ctx: StageContext) -> None:
-        await ctx.progress("started", message=f"attempt {ctx.deliveries}")
+        await ctx.progress("started", message=f"attempt {ctx.deliveries}", attempt=ctx.deliveries)
 
     async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
         ok = all(not out.kind.endswith("failed") for out in outgoing)
         await ctx.progress("finished" if ok else "failed", message=", ".join(o.kind for o in outgoing))
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500])
+        await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500], attempt=ctx.deliveries)
 
 
 def stage_policies() -> tuple[Policy, ...]:

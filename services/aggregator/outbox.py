@@ -8,6 +8,7 @@ published has therefore been published.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import nats
@@ -36,13 +37,15 @@ class Outbox:
         rid, s = record.request_id, self.bus.subjects
         said: dict[str, Any] = {}
         with bound(request_id=rid, stage=Stage.aggregate):
+            publishing = []
             if "verdict_published" in flags and record.verdict is not None:
-                await self._publish_once(s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict")
+                publishing.append(self._publish_once(s.verdict(rid), record.verdict, f"{rid}:aggregate:verdict"))
                 said.update(status=record.verdict.status, final_decision=record.verdict.final_decision,
                             failed_stage=record.verdict.failed_stage)
             if "report_published" in flags and record.report is not None:
-                await self._publish_once(s.report(rid), record.report, f"{rid}:aggregate:report")
+                publishing.append(self._publish_once(s.report(rid), record.report, f"{rid}:aggregate:report"))
                 said["has_test"] = record.report.benchmark_test is not None
+            await asyncio.gather(*publishing)
             log.info(f"{' and '.join(flag.removesuffix('_published') for flag in flags)} published", **said)
 
         def mark(stored: RequestRecord) -> bool:

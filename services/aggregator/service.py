@@ -138,7 +138,7 @@ class Aggregator:
         if rid is None:  # a dead letter whose request could not be read
             log.warning("dead letter without a readable request id", reason=event.reason)
             return []
-        await self.apply(rid, change)
+        await self.apply(rid, change, new=isinstance(event, EvalRequested))
         return []
 
     def _transition(self, event: Any, subject: str) -> t.Transition | None:
@@ -162,17 +162,24 @@ class Aggregator:
         assert isinstance(event, StageResult)
         return lambda r: t.on_stage_result(r, event, row, self.judge)
 
-    async def apply(self, request_id: str, change: t.Transition, *, create: bool = True) -> RequestRecord | None:
+    async def apply(self, request_id: str, change: t.Transition, *, create: bool = True,
+                    new: bool = False) -> RequestRecord | None:
         """Apply ``change`` to the record (one compare-and-set), write its public view, then publish
         what it owes. The final view goes before the verdict: whoever has the verdict then finds it
         in `ftbus status`. A change that changed nothing still publishes what is owed (a
-        redelivery after a crash between the write and the publishing)."""
+        redelivery after a crash between the write and the publishing). ``new``: the request's
+        arrival, whose record most likely does not exist yet (RecordStore.update)."""
         async with self.store.hold(request_id):
-            record, changed = await self.store.update(request_id, change, create=create)
+            # The stored view is read beside the record: the view's write compares with it.
+            viewed = asyncio.ensure_future(self.store.get_view(request_id))
+            try:
+                record, changed = await self.store.update(request_id, change, create=create, new=new)
+            finally:
+                stored_view = await viewed
             if record is None:
                 return None
             if changed or t.owed(record):
-                await self.store.put_view(record)
+                await self.store.put_view(record, stored_view)
             record = await self.outbox.deliver(record)
         if record.terminal:
             self._last_progress_write.pop(request_id, None)
@@ -190,11 +197,12 @@ class Aggregator:
             # The stage's result event (or the cancel) follows and updates the record: writing
             # this one too would only race it.
             return
-        # Progress can come several times a second: write the record at most once a second, but
-        # always on a start, which status and the sweeper rely on.
+        # Progress can come several times a second: write the record at most once a second. What a
+        # skipped one said comes with the next one written, or with the stage's result (its start
+        # and attempt: StageRun).
         now = asyncio.get_running_loop().time()
         rid = event.request_id
-        if event.state == "running" and now - self._last_progress_write.get(rid, 0.0) < 1.0:
+        if now - self._last_progress_write.get(rid, 0.0) < 1.0:
             return
         self._last_progress_write[rid] = now
         if len(self._last_progress_write) > PROGRESS_MEMORY:  # forget what fell silent a minute ago

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator
+from typing import Any
 
 import nats
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
@@ -67,15 +68,22 @@ class RecordStore:
         record.revision = entry.revision
         return record
 
-    async def update(self, request_id: str, change: Transition, *, create: bool = True,
+    async def update(self, request_id: str, change: Transition, *, create: bool = True, new: bool = False,
                      start: RequestRecord | None = None, attempts: int = 100) -> tuple[RequestRecord | None, bool]:
         """Read the record (or begin from ``start``, a record this caller just wrote), apply
         ``change``, and write it if its revision is still the one read; else read it again and
-        retry. Returns (the record, True) once written; (the record, False) when ``change``
-        returned False (nothing written); (None, False) with no record and ``create`` off."""
+        retry. ``new``: the request's first event, whose record most likely does not exist: it is
+        created without a read first (one that exists makes the create fail, and is then read).
+        Returns (the record, True) once written; (the record, False) when ``change`` returned
+        False (nothing written); (None, False) with no record and ``create`` off."""
         bucket = await self.bucket()
         for attempt in range(attempts):
-            record = start if attempt == 0 and start is not None else await self.get(request_id)
+            if attempt == 0 and start is not None:
+                record: RequestRecord | None = start
+            elif attempt == 0 and new and create:
+                record = None
+            else:
+                record = await self.get(request_id)
             if record is None:
                 if not create:
                     return None, False
@@ -101,16 +109,23 @@ class RecordStore:
             return record, True
         raise Contention(f"could not update the record of {request_id}: {attempts} concurrent updates won")
 
-    async def put_view(self, record: RequestRecord, attempts: int = 20) -> None:
+    async def get_view(self, request_id: str) -> Any:
+        """The status bucket's entry of ``request_id`` (None: none)."""
+        status = await self.bus.kv(self.bus.subjects.kv_status)
+        try:
+            return await status.get(request_id)
+        except KeyNotFoundError:
+            return None
+
+    async def put_view(self, record: RequestRecord, entry: Any = None, attempts: int = 20) -> None:
         """Write ``record``'s public view unless the status bucket holds one of a later record
-        revision already (the newest must stay)."""
+        revision already (the newest must stay). ``entry``: the bucket's entry as read just
+        before (:meth:`get_view`); a write that finds it changed reads it again."""
         status = await self.bus.kv(self.bus.subjects.kv_status)
         view = record.public_view_json()
-        for _ in range(attempts):
-            try:
-                entry = await status.get(record.request_id)
-            except KeyNotFoundError:
-                entry = None
+        for attempt in range(attempts):
+            if attempt:
+                entry = await self.get_view(record.request_id)
             try:
                 if entry is None or not entry.value:
                     await status.create(record.request_id, view)
@@ -120,7 +135,7 @@ class RecordStore:
                     await status.update(record.request_id, view, last=entry.revision)
                 return
             except KeyWrongLastSequenceError:
-                continue  # another aggregator wrote a view meanwhile: look again
+                continue  # another aggregator wrote a view meanwhile (or ``entry`` was stale): look again
         raise Contention(f"could not write the public view of {record.request_id}: {attempts} concurrent writes won")
 
 

@@ -111,6 +111,9 @@ def on_cancel(record: RequestRecord, event: CancelRequested, row: StageSpec | No
 
 def on_dead_letter(record: RequestRecord, event: DeadLetter, row: StageSpec | None) -> None:
     """``row``: the stage the letter names, else the one the request is in."""
+    if row is not None and event.deliveries:  # how often the stage tried: its progress may not all be written
+        timing = _timing(record, row.stage)
+        timing.attempts = max(timing.attempts, event.deliveries)
     claim(record, error_verdict(record, row, event.reason))
 
 
@@ -119,9 +122,9 @@ def on_progress(record: RequestRecord, event: Progress) -> bool:
         return False  # nothing to write
     stage = event.stage
     timing = _timing(record, stage)
-    if event.state == "started":
-        timing.attempts += 1
-        timing.started_at = timing.started_at or event.emitted_at
+    if event.attempt is not None:
+        timing.attempts = max(timing.attempts, event.attempt)
+    timing.started_at = timing.started_at or event.emitted_at  # the first progress written tells it
     record.status = "running"
     record.stage = stage
     record.progress = event
