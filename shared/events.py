@@ -400,7 +400,7 @@ class Progress(Event):
     loss: float | None = None
     eta_s: float | None = None
     message: str = ""
-    #: Which delivery of the stage's message this is (1: the first), on ``started`` and ``retrying``.
+    #: Which delivery of the stage's message this is (1: the first).
     attempt: int | None = None
 
 

@@ -118,8 +118,9 @@ class StageContext:
         self.told.update(facts)
 
     async def progress(self, state: str = "running", **fields: Any) -> None:
-        """Progress for clients and dashboards (core NATS, at most once)."""
-        event = Progress(request_id=self.request_id, stage=self.stage, state=state, **fields)  # type: ignore[arg-type]
+        """Progress for clients and dashboards (core NATS, at most once), saying which attempt it is."""
+        event = Progress(request_id=self.request_id, stage=self.stage, state=state, attempt=self.deliveries,  # type: ignore[arg-type]
+                         **fields)
         await self.bus.publish_core(self.subjects.progress(self.request_id), event)
 
 
@@ -252,14 +253,14 @@ class AnnounceProgress(Policy):
     """Started / finished / failed / retrying progress events for clients and dashboards."""
 
     async def started(self, ctx: StageContext) -> None:
-        await ctx.progress("started", message=f"attempt {ctx.deliveries}", attempt=ctx.deliveries)
+        await ctx.progress("started", message=f"attempt {ctx.deliveries}")
 
     async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
         ok = all(not out.kind.endswith("failed") for out in outgoing)
         await ctx.progress("finished" if ok else "failed", message=", ".join(o.kind for o in outgoing))
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500], attempt=ctx.deliveries)
+        await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500])
 
 
 def stage_policies() -> tuple[Policy, ...]:

@@ -193,13 +193,14 @@ class Aggregator:
             event = codec.decode(msg.data, Progress)
         except codec.CodecError:
             return
-        if event.state in ("finished", "failed"):
-            # The stage's result event (or the cancel) follows and updates the record: writing
-            # this one too would only race it.
+        if event.state not in ("running", "retrying"):
+            # A handling's start and end are for watchers (`ftbus watch`, the dashboard's live
+            # views): the record takes a stage's start from its first progress of its own (every
+            # stage that runs a while reports one as its work begins) or from its result (StageRun),
+            # and its end from its result.
             return
-        # Progress can come several times a second: write the record at most once a second. What a
-        # skipped one said comes with the next one written, or with the stage's result (its start
-        # and attempt: StageRun).
+        # Progress can come several times a second: write the record at most once a second; what a
+        # skipped one said comes with the next one written, or with the stage's result.
         now = asyncio.get_running_loop().time()
         rid = event.request_id
         if now - self._last_progress_write.get(rid, 0.0) < 1.0:

@@ -76,6 +76,7 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     log_path = ctx.workdir / "training.log"
     env = {**TRAIN_ENV, "FTBUS_ASSETS_DIR": str(settings.assets)}
     stop_following = asyncio.Event()
+    await ctx.progress(message=f"running {settings.train_command.split()[0]} (loading the model)")
     follower = asyncio.create_task(_publish_progress(ctx, output_dir / "trainer_log.jsonl", stop_following))
     try:
         run = await ctx.runner.run(

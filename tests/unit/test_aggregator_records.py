@@ -319,7 +319,9 @@ async def test_a_stage_s_start_shows_in_the_view_and_an_event_on_a_foreign_subje
             return False
 
         await bus.wait_for(written, what="the request's record")
-        await bus.publish_core(s.progress("req-1"), Progress(request_id="req-1", stage=Stage.train, state="started", attempt=1))
+        began = Progress(request_id="req-1", stage=Stage.train, state="running", attempt=1,
+                         message="running llamafactory-cli")
+        await bus.publish_core(s.progress("req-1"), began)
 
         async def training() -> bool:
             return (await view_of(bus, "req-1")).stage == "train"
