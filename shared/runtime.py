@@ -156,7 +156,7 @@ class Policy:
         """The worker stops."""
 
     async def skip(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
-        """True: the message needs no handling (it is acked as it is). The policies decide in order."""
+        """True: the message needs no handling (it is acked as it is). Every policy is asked, at once."""
         return False
 
     async def started(self, ctx: StageContext) -> None:
@@ -394,10 +394,10 @@ class StageWorker:
             return
         request_id: str = event.request_id
         with bound(request_id=request_id, stage=self.stage):
-            for policy in self.policies:
-                if await policy.skip(self, request_id, deliveries):
-                    await msg.ack()
-                    return
+            # The policies look at once (the stored result, the cancel flag: two reads, one wait).
+            if any(await asyncio.gather(*(policy.skip(self, request_id, deliveries) for policy in self.policies))):
+                await msg.ack()
+                return
             ctx = StageContext(
                 self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
                 self._workdirs, subject=msg.subject, slot=slot,

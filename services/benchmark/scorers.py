@@ -17,13 +17,12 @@ answer_check.py's: :func:`score_text` refuses them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
 import string
 from collections import Counter
-
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from services.benchmark.registry import BenchmarkItem
 
@@ -103,7 +102,15 @@ def score_gsm8k(output: str, answer: str) -> dict[str, float]:
 
 # Boxed answers first (priority 0), the last one first (math-verify tries the rightmost match of a
 # priority first); then math-verify's own "final answer is" and plain-expression extraction.
-_MATH_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+@functools.cache
+def _math_config() -> tuple[object, ...]:
+    # math-verify (and sympy under it) is imported on first use: half a second that every CLI
+    # command and every worker would otherwise pay at start (they import the pipeline's stages).
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
 # math-verify's timeouts are signal.alarm(): in any thread but the main one they do not time out,
 # they raise ValueError ("signal only works in main thread"), from parse and verify alike, and the
@@ -148,15 +155,19 @@ def math_parse(text: str) -> list[object]:
     greedy ``\\boxed{.+}`` spanning several) as one set-valued answer: "\\boxed{3}, then
     \\boxed{7}" would be {3, 7}, not the 7 the model settled on.
     """
+    from math_verify import parse
+
     boxed = last_boxed(text)
     if boxed is not None:
-        parsed = parse(boxed, extraction_config=_MATH_CONFIG, parsing_timeout=_NO_TIMEOUT)
+        parsed = parse(boxed, extraction_config=_math_config(), parsing_timeout=_NO_TIMEOUT)
         if parsed:
             return list(parsed)
-    return list(parse(text, extraction_config=_MATH_CONFIG, parsing_timeout=_NO_TIMEOUT))
+    return list(parse(text, extraction_config=_math_config(), parsing_timeout=_NO_TIMEOUT))
 
 
 def score_math(output: str, answer: str) -> dict[str, float]:
+    from math_verify import verify
+
     gold = math_parse(answer)
     predicted = math_parse(output)
     if not gold or not predicted:
