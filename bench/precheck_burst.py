@@ -68,7 +68,7 @@ async def measure(n: int, bursts: int, root: Path) -> list[dict[str, object]]:
         rates: list[float] = []
         cpu_ms: dict[str, list[float]] = {}  # each process's CPU per request, one value per burst
         for i in range(bursts):
-            await asyncio.sleep(0.5)  # the last burst's lingering writes are done
+            await asyncio.sleep(0.5)  # a pause between bursts, as between an agent's sweeps
             cpu: dict[str, float] = {}
             elapsed, latencies = await burst(stand, root, n, "burst" if i == bursts - 1 else f"b{i}-", cpu)
             for k, v in cpu.items():

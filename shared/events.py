@@ -188,8 +188,9 @@ class DataSummary(Model):
 
 class StageRun(Model):
     """Which handling of a message made a stage's result, and when it started: the worker's
-    runtime stamps every result it publishes with it. A stage that ends within a second announces
-    no progress (shared/runtime.py), so its result is where its start and attempt are told."""
+    runtime stamps every result it publishes with it. Progress travels at most once, and the
+    aggregator writes only a stage's own progress: the result is where its start and attempt are
+    sure to be told."""
 
     started_at: datetime
     attempt: int = Field(ge=1)
