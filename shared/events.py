@@ -17,6 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 SCHEMA_VERSION = 1
 
 RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+#: A stage's name or record name: a :class:`Stage` or :class:`FailedStage` for ftbus's own stages, a
+#: short lowercase name for a stage another pipeline adds (shared/stagespec.py). Events name stages
+#: in plain strings so that such a stage validates; the pattern keeps a forged event from writing
+#: anything else into a record.
+StageName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 
 
 def utcnow() -> datetime:
@@ -203,7 +208,7 @@ class StageResult(Event):
     ok: bool
     context: RequestContext
     data: DataSummary
-    failed_stage: str | None = None  # a FailedStage, or another pipeline row's record_name
+    failed_stage: StageName | None = None
     error: str | None = None
     run: StageRun | None = None
 
@@ -350,7 +355,7 @@ class JudgeResult(Event):
     context: RequestContext
     feedback: Feedback
     raw_execution: str = ""
-    failed_stage: str | None = None  # a FailedStage, or another pipeline row's record_name
+    failed_stage: StageName | None = None
     judge: JudgeInfo
     result: VerdictResult
     artifacts: list[WorkspaceFile] = Field(default_factory=list)
@@ -374,7 +379,7 @@ class Verdict(Event):
     code: str
     final_decision: bool
     raw_execution: str = ""
-    failed_stage: str | None = None  # a FailedStage, or another pipeline row's record_name
+    failed_stage: StageName | None = None
     result: VerdictResult = Field(default_factory=VerdictResult)
     judge: JudgeInfo | None = None
     artifacts: list[WorkspaceFile] = Field(default_factory=list)
@@ -393,8 +398,7 @@ class Report(Verdict):
 
 
 class Progress(Event):
-    #: A :class:`Stage`, or the name of a stage another pipeline adds (shared/stagespec.py).
-    stage: str
+    stage: StageName
     state: Literal["started", "running", "finished", "failed", "retrying"] = "running"
     step: int | None = None
     total: int | None = None
@@ -412,7 +416,7 @@ class DeadLetter(Model):
     request_id: str | None = None
     emitted_at: datetime = Field(default_factory=utcnow)
     original_subject: str
-    stage: str | None = None
+    stage: StageName | None = None
     reason: str
     payload: bytes = b""
     deliveries: int | None = None

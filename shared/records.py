@@ -18,6 +18,7 @@ from shared.events import (
     Model,
     Progress,
     Report,
+    StageName,
     TaskSpec,
     Verdict,
     utcnow,
@@ -51,7 +52,7 @@ class RequestStatusView(Model):
     updated_at: datetime = Field(default_factory=utcnow)
     stages: dict[str, StageTiming] = Field(default_factory=dict)
     progress: Progress | None = None
-    failed_stage: str | None = None
+    failed_stage: StageName | None = None
     final_decision: bool | None = None
     cancel_requested: bool = False
     #: The requests bucket's revision of the record this view shows: a view only ever replaces

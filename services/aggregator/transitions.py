@@ -7,6 +7,7 @@ nothing, and nothing is written. The first verdict claimed wins, whatever comes 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from services.aggregator.verdicts import (
@@ -153,4 +154,5 @@ def stage_of_consumer(prefix: str, consumer: str) -> str | None:
     for a consumer that is not a stage's."""
     if not consumer.startswith(f"{prefix}-"):
         return None
-    return consumer.removeprefix(f"{prefix}-").split("-")[0] or None
+    name = consumer.removeprefix(f"{prefix}-").split("-")[0]
+    return name if re.fullmatch(r"[a-z][a-z0-9_]{0,31}", name) else None

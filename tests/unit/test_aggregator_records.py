@@ -163,10 +163,24 @@ def test_a_stage_s_result_tells_its_start_and_attempts() -> None:
     assert record.stages["data"].started_at == t0 and record.stages["data"].attempts == 2
 
 
+@pytest.mark.parametrize("stage", ["x" * 1000, "Train", "train; rm -rf /", ""])
+def test_a_forged_stage_name_is_refused_before_it_reaches_a_record(stage: str) -> None:
+    """Events name stages in plain strings (a pipeline may add stages): a progress message or a
+    stage result naming anything but a short lowercase name does not decode."""
+    from shared import codec
+
+    forged = {"schema_version": 1, "request_id": "r1", "stage": stage, "state": "running"}
+    with pytest.raises(codec.CodecError):
+        codec.decode(codec.encode(Progress.model_construct(**forged)), Progress)
+    with pytest.raises(ValueError):
+        RequestRecord(request_id="r1", failed_stage=stage)
+
+
 def test_consumer_names_map_back_to_stages() -> None:
     assert agg.stage_of_consumer("ftbus", "ftbus-train") == Stage.train
     assert agg.stage_of_consumer("ftbus", "ftbus-aggregate-test") == Stage.aggregate
     assert agg.stage_of_consumer("ftbus", "other") is None
+    assert agg.stage_of_consumer("ftbus", "ftbus-EVIL") is None
 
 
 # ---------------------------------------------------------------- the aggregator on the in-memory bus
