@@ -5,8 +5,9 @@ A spec is one row of the pipeline table (``ftbus/stages.py``): what its durable 
 and what the rest of the system needs to know of it: its result type (published on
 ``<stage>.completed`` and ``<stage>.failed``), its name in the record and the verdict
 (``record_name``), how long it may run (``timeout``) and the stage that follows it (``next``). The
-CLI, each consumer's filters, the aggregator's record transitions and sweeper, the judge's view of
-the stages that ran, the permission generator and the progress views all derive from the table.
+CLI, each consumer's filters, the aggregator's record transitions and sweeper, the permission
+generator and the progress views derive from the table. (The judge reads each stage's run from the
+typed fields of its own events: services/judge/facts.py.)
 """
 
 from __future__ import annotations
