@@ -63,8 +63,13 @@ async def published(bus: Bus, subject: str) -> int:
     return sum((info.state.subjects or {}).values())
 
 
-async def acked(bus: Bus) -> bool:
-    return await caught_up(bus, bus.subjects.stream_events, bus.subjects.durable(Stage.train))
+async def acked(bus: Bus, messages: int = 1) -> bool:
+    """The train consumer has acknowledged ``messages`` deliveries and has nothing pending (nothing
+    pending alone is also true before a just-published message reaches the consumer)."""
+    if not await caught_up(bus, bus.subjects.stream_events, bus.subjects.durable(Stage.train)):
+        return False
+    info = await bus.js.consumer_info(bus.subjects.stream_events, bus.subjects.durable(Stage.train))
+    return info.ack_floor.consumer_seq >= messages
 
 
 def stage_policies() -> tuple[Policy, ...]:
@@ -223,9 +228,9 @@ async def test_every_stage_announces_its_start_and_end_and_its_result_tells_its_
     stage = TrainStage(bus, handle, stage_policies())
     try:
         with capture_logs() as lines:
-            for rid in ("quick-1", "slow-1", "talks-1"):
+            for sent, rid in enumerate(("quick-1", "slow-1", "talks-1"), start=1):
                 await send(bus, rid)
-                await poll(lambda: acked(bus), f"{rid} acknowledged", timeout_s=60)
+                await poll(lambda sent=sent: acked(bus, sent), f"{rid} acknowledged", timeout_s=60)
             await poll(lambda: _true(all(seen.get(rid, [""])[-1] == "progress finished"
                                          for rid in ("quick-1", "slow-1", "talks-1"))),
                        "the progress and the results heard", timeout_s=30)
