@@ -216,6 +216,12 @@ if os.fork() == 0:
     os._exit(0)
 print('left one behind')
 """),
+    # Leaves System V IPC objects behind (they outlive processes): its container is not reused.
+    "ipc-leftover": hostile("""
+import ctypes
+libc = ctypes.CDLL(None)
+print('IPC', libc.shmget(0, 8 * 2**20, 0o1666), libc.msgget(0, 0o1666), libc.semget(0, 1, 0o1666))
+"""),
     # Forged summaries, then its own tests fail.
     "forged-summary": hostile("""
 print('passed')
@@ -314,7 +320,7 @@ def test_honest_samples_keep_their_outcomes_beside_hostile_ones(batch: dict[str,
 
 
 @pytest.mark.parametrize("key", ["fake-record", "overwrite-others", "read-others", "kill-siblings", "linger",
-                                 "forged-summary", "os-exit-zero", "sys-exit-zero", "hunt-secret"])
+                                 "ipc-leftover", "forged-summary", "os-exit-zero", "sys-exit-zero", "hunt-secret"])
 def test_a_hostile_sample_with_a_wrong_answer_fails(batch: dict[str, list[CodeOutcome]], key: str) -> None:
     outcome = _only(batch, key)
     assert outcome.status == "failed", outcome
@@ -462,7 +468,7 @@ def test_one_container_serves_honest_samples_unchanged_after_hostile_ones() -> N
     # (a process left behind, files in /tmp and /dev/shm, a full disk, an out-of-memory kill, killing
     # every pid) reaches the next.
     executor = _executor("runc", concurrency=1)
-    hostile_keys = ["linger", "disk", "memory", "kill-siblings", "fake-record"]
+    hostile_keys = ["linger", "disk", "memory", "kill-siblings", "ipc-leftover", "fake-record"]
     samples = [s for k in hostile_keys for s in (CodeSample(k, HOSTILE[k]), *_honest())]
     outcomes = asyncio.run(executor.run(samples))
     for outcome in outcomes:
