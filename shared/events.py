@@ -14,7 +14,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from shared.statistics import PairedComparison
+
 SCHEMA_VERSION = 1
+#: The most samples per benchmark item a benchmark or a request may ask for.
+MAX_RUNS = 64
 
 RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
 #: A stage's name or record name: a :class:`Stage` or :class:`FailedStage` for ftbus's own stages, a
@@ -83,6 +87,8 @@ class TaskSpec(Model):
     description: str = ""
     involving_datasets: list[str] = Field(default_factory=list)
     name: str = "LLM-Fine-Tuning"
+    #: Samples per benchmark item (repeated runs); None: the benchmark's own ``num_runs`` (docs/benchmarks.md).
+    num_runs: int | None = Field(default=None, ge=1, le=MAX_RUNS)
 
 
 class Timeouts(Model):
@@ -288,6 +294,22 @@ class AnswerCheckUsage(Model):
     rescued: int = 0
 
 
+class RunStats(Model):
+    """The primary metric of a subset's items (or of all items) over repeated runs.
+
+    ``mean`` is over items of each item's mean over runs (avg@n), ``stderr`` its standard error over
+    items (the item is the unit of sampling). ``pass_at_k`` (code: the unbiased estimator, k <= n)
+    is keyed ``pass@k``; ``maj_at_n`` (math: whether the most frequent extracted answer is right)."""
+
+    items: int
+    num_runs: int
+    mean: float
+    stderr: float
+    pass_at_k: dict[str, float] = Field(default_factory=dict)
+    avg_at_n: float | None = None
+    maj_at_n: float | None = None
+
+
 class BenchmarkScores(Model):
     """The reference's ``{accuracy_summary, error_samples}``, plus what makes it comparable."""
 
@@ -304,6 +326,21 @@ class BenchmarkScores(Model):
     notes: list[str] = Field(default_factory=list)
     #: The LLM answer check's calls (aime25's cascade, the llm scorer), as the judge records its own.
     answer_check: AnswerCheckUsage | None = None
+    #: Samples per item; the metrics above are their mean (avg@n).
+    num_runs: int = 1
+    #: Each item's primary metric in each run: subset -> item id -> one value (0-1) per run. A
+    #: validation split's are the agent's to see; a test split's travel only with the test results.
+    item_scores: dict[str, dict[str, list[float]]] = Field(default_factory=dict)
+    #: Per subset, and over every item (``overall``): mean, standard error, pass@k, avg@n, maj@n.
+    run_stats: dict[str, RunStats] = Field(default_factory=dict)
+    overall: RunStats | None = None
+    #: The seed the generation ran with (lm-eval's random, numpy and torch seeds).
+    seed: int | None = None
+
+    def item_means(self) -> dict[str, float]:
+        """Each item's mean over its runs, keyed ``<subset>/<item id>``: what a paired comparison pairs."""
+        return {f"{subset}/{item}": sum(runs) / len(runs)
+                for subset, items in self.item_scores.items() for item, runs in items.items() if runs}
 
 
 class BaselineComparison(Model):
@@ -312,6 +349,11 @@ class BaselineComparison(Model):
     candidate_value: float | None = None
     baseline_value: float | None = None
     difference: float | None = None
+    #: The paired comparison on the same items (each item's mean over runs): the difference of the
+    #: item means, its bootstrap interval, McNemar's or the permutation test's p-value, the seed.
+    paired: PairedComparison | None = None
+    #: It in words ("better than the base model by +0.12 (95% CI ...)"), or why there is none.
+    summary: str | None = None
 
 
 class BenchResult(StageResult):

@@ -26,10 +26,12 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Elements per resampling chunk: an int64 index and the float64 it gathers are 16 bytes, so about 96 MB.
 _CHUNK_ELEMENTS = 6_000_000
@@ -101,6 +103,8 @@ def majority_correct(runs: Sequence[tuple[str | None, bool]]) -> bool:
 
 
 def _differences(candidate: Sequence[float], baseline: Sequence[float]) -> np.ndarray:
+    import numpy as np  # on first use: the events import this module's models, every CLI command with them
+
     if len(candidate) != len(baseline):
         raise ValueError(f"paired inputs differ in length: {len(candidate)} candidate, {len(baseline)} baseline")
     if len(candidate) == 0:
@@ -116,6 +120,8 @@ def paired_bootstrap(
         raise ValueError(f"level must be in (0, 1), got {level}")
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
+    import numpy as np
+
     diffs = _differences(candidate, baseline)
     n = diffs.size
     rng = np.random.default_rng(seed)
@@ -153,6 +159,8 @@ def paired_permutation(
     unchanged by a flip, so only the m non-zero ones are flipped: all 2**m ways when m <= 16, otherwise
     `resamples` random ways with p = (hits + 1) / (resamples + 1), which never reports an impossible 0.
     """
+    import numpy as np
+
     diffs = _differences(candidate, baseline)
     n = diffs.size
     nonzero = diffs[diffs != 0.0]
@@ -198,6 +206,8 @@ class PairedComparison(BaseModel):
     baseline_only: int | None
     seed: int
     resamples: int
+    #: Whether a positive difference is an improvement (the metric's own direction).
+    higher_is_better: bool = True
 
     def beyond_noise(self, level: float | None = None) -> bool:
         """Whether the interval excludes 0 and the p-value is below 1 - level.
@@ -208,13 +218,16 @@ class PairedComparison(BaseModel):
         excludes_zero = self.ci_low > 0.0 or self.ci_high < 0.0
         return excludes_zero and self.p_value < 1.0 - level
 
+    def improves(self, level: float | None = None) -> bool:
+        """Better beyond noise: the interval excludes 0 on the better side, and p < 1 - level."""
+        gain = self.difference if self.higher_is_better else -self.difference
+        return self.beyond_noise(level) and gain > 0
+
     @property
     def direction(self) -> Literal["better", "worse", "indistinguishable"]:
-        if self.beyond_noise() and self.difference > 0:
-            return "better"
-        if self.beyond_noise() and self.difference < 0:
-            return "worse"
-        return "indistinguishable"
+        if not self.beyond_noise():
+            return "indistinguishable"
+        return "better" if self.improves() else "worse"
 
     def describe(self, other: str = "the base model") -> str:
         ci = f"{self.level * 100:.0f}% CI {_signed(self.ci_low)} to {_signed(self.ci_high)}"
@@ -237,6 +250,7 @@ def compare_paired(
     seed: int = 0,
     level: float = 0.95,
     resamples: int = 10_000,
+    higher_is_better: bool = True,
 ) -> PairedComparison:
     """Compare per-item scores (item id -> score in [0, 1]) of a candidate and a baseline on the same items."""
     if candidate.keys() != baseline.keys():
@@ -274,6 +288,7 @@ def compare_paired(
         baseline_only=only_b_count,
         seed=seed,
         resamples=resamples,
+        higher_is_better=higher_is_better,
     )
 
 

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from services.benchmark.answer_check import AnswerCase, cascade, check_answers, rule_misses
 from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import Generated, LmEvalOutput, read_lm_eval_output
+from services.benchmark.lmeval import Generated, LmEvalOutput, LmEvalOutputError, read_lm_eval_output
 from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
+from services.benchmark.runs import VOTING_SCORERS
 from services.benchmark.scorers import extracted_answer, score_text, strip_think
 from services.benchmark.scoring import assemble_scores
 from services.benchmark.splits import SplitManifest, split_items
@@ -70,7 +71,10 @@ async def grade_split(
     """``BenchmarkScores`` of one lm-eval run of a benchmark that ftbus scores."""
     output = await asyncio.to_thread(read_lm_eval_output, output_dir, spec, manifest)
     items = {item.id: item for subset in split_items(spec, manifest).values() for item in subset}
-    pairs = {subset: [(items[g.item_id], g) for g in rows] for subset, rows in output.generated.items()}
+    runs = _num_runs(output)
+    # Every run of every item is scored as one more row: item by item, its runs in order.
+    pairs = {subset: [(items[g.item_id], Generated(g.item_id, text)) for g in rows for text in g.outputs]
+             for subset, rows in output.generated.items()}
 
     graded = Graded()
     scorer = spec.scorer_name
@@ -95,17 +99,36 @@ async def grade_split(
     notes = list(graded.notes)
     if inference is not None:
         notes.insert(0, f"generated with {inference.describe()}")
-    notes.extend(await asyncio.to_thread(_budget_notes, spec, inference, tokenizer_dir, output.generated))
+    notes.extend(await asyncio.to_thread(_budget_notes, spec, inference, tokenizer_dir, pairs))
 
     summary: dict[str, dict[str, float]] = {}
     errors: list[ErrorSample] = []
+    item_scores: dict[str, dict[str, list[float]]] = {}
+    answers: dict[str, dict[str, list[tuple[str | None, bool]]]] = {}
+    primary = spec.primary_metric
     for subset, rows in graded.values.items():
+        # The mean over items and runs alike: every item has the same number of runs (avg@n).
         summary[subset] = {m: sum(r[m] for r in rows) / len(rows) for m in spec.metrics if rows and m in rows[0]}
-        for (item, generated), values in zip(pairs[subset], rows, strict=True):
-            if values.get(spec.primary_metric, 0.0) < 1.0:
+        item_scores[subset] = {}
+        answers[subset] = {}
+        for k, ((item, generated), values) in enumerate(zip(pairs[subset], rows, strict=True)):
+            item_scores[subset].setdefault(item.id, []).append(values.get(primary, 0.0))
+            if scorer in VOTING_SCORERS:
+                answers[subset].setdefault(item.id, []).append(
+                    (extracted_answer(scorer, generated.output), values.get(primary, 0.0) >= 1.0))
+            # The judge is shown the first run's errors, as with one run.
+            if k % runs == 0 and values.get(primary, 0.0) < 1.0:
                 errors.append(_error_sample(spec, item, generated, graded))
-    scores = assemble_scores(spec, manifest, summary, errors, settings.max_error_samples, settings.error_sample_seed)
+    scores = assemble_scores(spec, manifest, summary, errors, settings.max_error_samples, settings.error_sample_seed,
+                             item_scores=item_scores, answers=answers if scorer in VOTING_SCORERS else None)
     return scores.model_copy(update={"scorer": scorer, "notes": notes, "answer_check": graded.answer_check})
+
+
+def _num_runs(output: LmEvalOutput) -> int:
+    counts = {len(g.outputs) for rows in output.generated.values() for g in rows}
+    if len(counts) > 1:
+        raise LmEvalOutputError(f"items were generated a different number of times: {sorted(counts)}")
+    return counts.pop() if counts else 1
 
 
 # ------------------------------------------------------------------ scorers
@@ -173,20 +196,23 @@ async def _code_scores(
     from services.benchmark.executor import CodeSample
 
     style = spec.code_style or "humaneval"
+    # One sample per row (an item's runs are rows of their own): keyed by the row, as an item repeats.
     samples = [
-        CodeSample(key=item.id, program=build_program(style, item, strip_think(g.output)))
-        for rows in pairs.values() for item, g in rows
+        CodeSample(key=f"{subset}:{k}", program=build_program(style, item, strip_think(g.output)))
+        for subset, rows in pairs.items() for k, (item, g) in enumerate(rows)
     ]
     outcomes = {o.key: o for o in await executor.run(samples)}
     graded.values = {
-        subset: [{"pass@1": 1.0 if outcomes[item.id].passed else 0.0} for item, _ in rows]
+        subset: [{"pass@1": 1.0 if outcomes[f"{subset}:{k}"].passed else 0.0} for k in range(len(rows))]
         for subset, rows in pairs.items()
     }
     statuses: dict[str, int] = {}
-    for outcome in outcomes.values():
-        statuses[outcome.status] = statuses.get(outcome.status, 0) + 1
-        if not outcome.passed:
-            graded.shown[outcome.key] = outcome.detail[-500:]
+    for subset, rows in pairs.items():
+        for k, (item, _) in enumerate(rows):
+            outcome = outcomes[f"{subset}:{k}"]
+            statuses[outcome.status] = statuses.get(outcome.status, 0) + 1
+            if not outcome.passed:
+                graded.shown.setdefault(item.id, outcome.detail[-500:])
     graded.notes.append("code samples: " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
 
 
@@ -195,7 +221,7 @@ async def _code_scores(
 
 def _budget_notes(
     spec: BenchmarkSpec, inference: InferenceConfig | None, tokenizer_dir: Path | None,
-    generated: dict[str, list[Generated]],
+    generated: Pairs,
 ) -> list[str]:
     """How many outputs reached the token budget, counted with the model's own tokenizer."""
     budget = inference.budget(spec.generation.max_gen_toks) if inference else spec.generation.max_gen_toks
@@ -208,7 +234,7 @@ def _budget_notes(
         return notes
     total = sum(len(rows) for rows in generated.values())
     reached = sum(len(tokenizer.encode(g.output, add_special_tokens=False).ids) >= budget
-                  for rows in generated.values() for g in rows)
+                  for rows in generated.values() for _, g in rows)
     if reached:
         notes.append(f"{reached} of {total} outputs reached the {budget}-token budget and were cut there")
     return notes

@@ -37,6 +37,9 @@ class InferenceConfig(BaseModel):
     greedy: bool = False
     max_gen_toks: int | None = Field(default=None, gt=0)
     chat_template: bool | None = None
+    #: Samples per item, set by the benchmark stage from the request and the benchmark (never by a
+    #: model's entry): lm-eval's ``repeats``, generated as one batch per item.
+    num_runs: int = Field(default=1, ge=1)
 
     @property
     def sampling(self) -> bool:
@@ -53,9 +56,10 @@ class InferenceConfig(BaseModel):
         return min(benchmark_budget, self.max_gen_toks) if self.max_gen_toks else benchmark_budget
 
     def describe(self) -> str:
+        runs = f", {self.num_runs} runs per item" if self.num_runs > 1 else ""
         if not self.sampling:
-            return "greedy decoding"
-        return f"sampling at temperature {self.temperature:g}, top-p {self.top_p:g}, top-k {self.top_k}"
+            return f"greedy decoding{runs}"
+        return f"sampling at temperature {self.temperature:g}, top-p {self.top_p:g}, top-k {self.top_k}{runs}"
 
 
 def inference_for(settings: Any, model_dir: Path) -> InferenceConfig:
@@ -73,6 +77,9 @@ def inference_for(settings: Any, model_dir: Path) -> InferenceConfig:
             raise InferenceError(f"{path} must be a mapping of inference settings")
         values |= loaded
     values |= dict((getattr(settings, "bench_inference", None) or {}).get(model_dir.name, {}))
+    if "num_runs" in values:
+        raise InferenceError(f"inference settings of model {model_dir.name} ({path}, bench_inference): num_runs is "
+                             "set per benchmark (its benchmark.yaml) or per request (`ftbus submit --num-runs`)")
     try:
         return InferenceConfig.model_validate(values)
     except ValidationError as exc:

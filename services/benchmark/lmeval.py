@@ -112,6 +112,9 @@ def render_task_config(
                 {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")
             ],
         }
+    if inference is not None and inference.num_runs > 1 and "generation_kwargs" in config:
+        # lm-eval's own way to sample an item several times: each request cloned ``repeats`` times.
+        config["repeats"] = inference.num_runs
     return config
 
 
@@ -187,6 +190,12 @@ def lm_eval_env(run_dir: Path) -> dict[str, str]:
     return {**OFFLINE_ENV, "HF_DATASETS_CACHE": str(Path(run_dir).resolve() / "hf_datasets_cache")}
 
 
+def repeat_batch(inference: InferenceConfig | None) -> int:
+    """The batch size that makes an item's repeats one batched generation: lm-eval sorts the cloned
+    requests by their prompt, so the copies of one prompt are neighbours and fill one batch."""
+    return inference.num_runs if inference else 1
+
+
 def chat_template_for(model: ModelSelection, inference: InferenceConfig | None) -> bool:
     """The model entry's ``chat_template`` when it says, else whether the tokenizer lm-eval loads
     (the base model's, for an adapter) has one."""
@@ -211,7 +220,7 @@ def prepare_lm_eval_run(
     lm_eval: str | Path,
     model: ModelSelection,
     device: str = "cpu",
-    batch_size: int | str = 1,
+    batch_size: int | str | None = None,
     apply_chat_template: bool | None = None,
     dtype: str | None = None,
     seed: int = 0,
@@ -227,6 +236,8 @@ def prepare_lm_eval_run(
     tasks = write_task_configs(spec, data_files, run_dir / "tasks", inference)
     if apply_chat_template is None:
         apply_chat_template = chat_template_for(model, inference)
+    if batch_size is None:
+        batch_size = repeat_batch(inference)
     output_dir = run_dir / "output"
     argv = build_lm_eval_command(
         lm_eval=lm_eval, model=model, tasks=tasks, include_path=run_dir / "tasks",
@@ -310,10 +321,33 @@ def _error_sample(spec: BenchmarkSpec, row: Mapping[str, Any]) -> ErrorSample:
 
 
 def _is_correct(spec: BenchmarkSpec, row: Mapping[str, Any]) -> bool:
+    return _row_value(spec, row) >= 1.0
+
+
+def _row_value(spec: BenchmarkSpec, row: Mapping[str, Any]) -> float:
     for metric in (spec.primary_metric, *spec.metrics):
         if metric in row:
-            return float(row[metric]) >= 1.0
+            return float(row[metric])
     raise LmEvalOutputError(f"sample {row.get('doc_id')} has none of the metrics {spec.metrics}")
+
+
+def run_outputs(row: Mapping[str, Any]) -> list[str]:
+    """Every generation of one item, in run order: lm-eval logs ``resps`` as one list per request,
+    holding one response per repeat."""
+    resps = row.get("resps")
+    runs = resps[0] if isinstance(resps, list) and resps and isinstance(resps[0], list) else [_first(resps)]
+    return ["" if r is None else str(_first(r)) for r in runs]
+
+
+def exact_match(output: str, gold: str) -> float:
+    """lm-eval's exact_match as our tasks configure it (case ignored, outer whitespace stripped), for
+    the runs after the first: lm-eval scores only the first of repeated samples."""
+    def norm(text: str) -> str:
+        for pattern in _STRIP_REGEXES:
+            text = re.sub(pattern, "", text)
+        return text.lower()
+
+    return float(norm(output) == norm(gold))
 
 
 def parse_lm_eval_output(
@@ -338,6 +372,8 @@ def parse_lm_eval_output(
 
     summary: dict[str, dict[str, float]] = {}
     errors: list[ErrorSample] = []
+    item_scores: dict[str, dict[str, list[float]]] = {}
+    runs = 1
     for subset, ids in evaluated_subsets(spec, manifest):
         task = task_name(spec.name, subset.name)
         if task not in results:
@@ -350,16 +386,38 @@ def parse_lm_eval_output(
         if len(rows) != len(ids):
             raise LmEvalOutputError(f"task {task}: {len(rows)} samples for {len(ids)} items in the split")
         errors.extend(_error_sample(spec, row) for row in rows if not _is_correct(spec, row))
+        item_scores[subset.name] = scores = {}
+        for row, item_id in zip(rows, ids, strict=True):
+            outputs = run_outputs(row) if spec.kind == "generate_until" else []
+            if len(outputs) > 1:
+                gold = str((row.get("doc") or {}).get("answer", row.get("target", "")))
+                scores[item_id] = [exact_match(text, gold) for text in outputs]
+            else:
+                scores[item_id] = [_row_value(spec, row)]
+            runs = max(runs, len(scores[item_id]))
+        if runs > 1:
+            # lm-eval's own number is the first run's: report the mean over every run instead.
+            values = [v for item in scores.values() for v in item]
+            metrics[spec.primary_metric] = sum(values) / len(values)
 
-    return assemble_scores(spec, manifest, summary, errors, max_error_samples, seed)
+    notes = [f"{spec.primary_metric} over {runs} runs per item (lm-eval's own scores only the first run)"] if runs > 1 \
+        else []
+    scores_out = assemble_scores(spec, manifest, summary, errors, max_error_samples, seed, item_scores=item_scores)
+    return scores_out.model_copy(update={"notes": [*scores_out.notes, *notes]})
 
 
 @dataclass(frozen=True)
 class Generated:
-    """One item's generated text, as lm-eval logged it (before its own filters)."""
+    """One item's generated text, as lm-eval logged it (before its own filters); ``runs``: every
+    repeat's text, the first being ``output`` (empty: only ``output``)."""
 
     item_id: str
     output: str
+    runs: tuple[str, ...] = ()
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.runs or (self.output,)
 
 
 @dataclass
@@ -404,7 +462,7 @@ def read_lm_eval_output(output_dir: Path, spec: BenchmarkSpec, manifest: SplitMa
                     f"task {generating}: sample {row.get('doc_id')} is item {doc_id}, not {item_id}")
             # resps: the raw generation, one list per request; filtered_resps went through lm-eval's
             # filters (none for our tasks, but the raw text is what the scorers must see).
-            raw = _first(row.get("resps"))
-            generated.append(Generated(item_id, "" if raw is None else str(raw)))
+            outputs = run_outputs(row)
+            generated.append(Generated(item_id, outputs[0], tuple(outputs)))
         out.generated[subset.name] = generated
     return out

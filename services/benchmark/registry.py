@@ -17,6 +17,7 @@ is a descriptor that says what to compare and how (pain point 14)::
         source: "openai/gsm8k, main"    # optional: where the items came from
         llm_cascade: false              # math scorers: the rule, then an LLM for the items it marks wrong
         code_style: humaneval           # code scorer: how a program is built (humaneval | mbpp)
+        num_runs: 1                     # samples per item (a request's num_runs wins); their mean is reported
     <assets>/benchmarks/<name>/<subset file>.jsonl
         {"id": "add-000", "question": "What is 1 + 2?", "answer": "3"}
         multiple_choice items add "choices": [...] and "answer" is the text of the right choice.
@@ -41,6 +42,8 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.events import MAX_RUNS
 
 DESCRIPTOR = "benchmark.yaml"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -129,6 +132,8 @@ class BenchmarkSpec(_Model):
     source: str = ""
     llm_cascade: bool = False
     code_style: CodeStyle | None = None
+    #: Samples per item (repeated runs); a request's ``num_runs`` wins. Meaningful with sampling.
+    num_runs: int = Field(default=1, ge=1, le=MAX_RUNS)
     root: Path = Field(default=Path("."), exclude=True, description="The benchmark's folder (set by the loader).")
 
     @model_validator(mode="after")

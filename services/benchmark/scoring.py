@@ -6,6 +6,7 @@ import random
 from collections.abc import Iterator
 
 from services.benchmark.registry import BenchmarkSpec, SubsetSpec
+from services.benchmark.runs import ItemAnswers, ItemScores, run_stats
 from services.benchmark.splits import SplitManifest
 from shared.events import BenchmarkScores, ErrorSample
 
@@ -25,15 +26,25 @@ def assemble_scores(
     errors: list[ErrorSample],
     max_error_samples: int,
     seed: int,
+    *,
+    item_scores: ItemScores | None = None,
+    answers: ItemAnswers | None = None,
 ) -> BenchmarkScores:
     """``primary_value`` is the mean of the primary metric over subsets; at most
     ``max_error_samples`` errors are kept, drawn with ``random.Random(seed)`` so the same run always
-    shows the judge the same samples (the reference's were unseeded)."""
+    shows the judge the same samples (the reference's were unseeded). ``item_scores`` (each item's
+    primary metric per run) give the statistics over runs (services/benchmark/runs.py)."""
     if len(errors) > max_error_samples:
         keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))
         errors = [errors[i] for i in keep]
     values = [m[spec.primary_metric] for m in summary.values()]
+    item_scores = item_scores or {}
+    per_subset, overall = run_stats(spec.scorer_name, item_scores, answers)
     return BenchmarkScores(
+        num_runs=overall.num_runs if overall else 1,
+        item_scores=item_scores,
+        run_stats=per_subset,
+        overall=overall,
         accuracy_summary=summary,
         error_samples=errors,
         primary_metric=spec.primary_metric,

@@ -22,6 +22,7 @@ from services.benchmark.grading import GradingUnavailable, grade_split
 from services.benchmark.inference import InferenceConfig, InferenceError, inference_for
 from services.benchmark.models import ModelSelection, select_model
 from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
+from services.benchmark.runs import effective_runs
 from services.benchmark.splits import SplitManifest, make_split
 from services.benchmark.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
 from shared.artifacts import ArtifactStore, materialise
@@ -37,6 +38,7 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
+from shared.paired import compare_scores
 from shared.runner import EXIT_TIMEOUT, RunResult
 from shared.runtime import Outgoing, StageContext
 from shared.sandbox import Sandbox
@@ -45,7 +47,10 @@ from shared.stagespec import StageSpec
 log = get_logger("ftbus.benchmark")
 
 SplitName = Literal["validation", "test"]
-BASELINE_FORMAT = "ftbus-baseline-v1"
+#: v2: per-item outcomes in every baseline, and the key holds num_runs and the sampling settings whatever they are.
+BASELINE_FORMAT = "ftbus-baseline-v2"
+#: The seed every generation runs with (lm-eval's random, numpy and torch seeds), recorded in the scores.
+SAMPLING_SEED = 0
 
 
 @dataclass
@@ -74,11 +79,16 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
         if not spec.scored_by_lm_eval and settings.bench_backend != "lm-eval":
             raise BenchmarkError(f"benchmark {spec.name} (scorer {spec.scorer_name}) is scored from lm-eval's "
                                  f"generations: set bench_backend to lm-eval")
+        runs, _ = effective_runs(spec, task.num_runs)
+        if runs > 1 and settings.bench_backend != "lm-eval":
+            raise BenchmarkError(f"num_runs {runs} needs bench_backend lm-eval (repeated runs are lm-eval's repeats)")
+        # The candidate and its baseline sample each item as often (the baseline cache keys on it).
+        inference = inference.model_copy(update={"num_runs": runs})
     except (BenchmarkError, ModelNotFound, InferenceError) as exc:
         error = str(exc)
         return [_result(event, ctx, split, SplitRun(None, None, error), None) for split in ("validation", "test")]
 
-    await materialise(ctx.artifacts, event.train.outputs, ctx.workdir)
+    await materialise(await ctx.bus.models_artifacts(), event.train.outputs, ctx.workdir)
     refused = drop_pickled_weights(ctx.workdir / "output")
     if refused is not None:
         return [_result(event, ctx, split, SplitRun(None, None, refused), None) for split in ("validation", "test")]
@@ -230,6 +240,8 @@ async def _score_split(
         return SplitRun(None, outcome, f"{name} ({label}) output unreadable: {exc}")
     except GradingUnavailable as exc:
         return SplitRun(None, outcome, f"benchmark ({label}): {exc}")
+    _, runs_note = effective_runs(spec, event.context.task.num_runs)
+    scores = scores.model_copy(update={"seed": SAMPLING_SEED, "notes": [*scores.notes, *filter(None, [runs_note])]})
     if not scores.accuracy_summary:
         return SplitRun(scores, outcome, f"{name} ({label}) produced no metrics")
     log.info("split scored", split=label, primary=scores.primary_metric, value=scores.primary_value)
@@ -266,7 +278,7 @@ async def _handle_warm(
 
     candidate = {split: WarmSplit(split, manifests[split]) for split in ("validation", "test")}
     candidate_runs = await engine.run(spec, model, list(candidate.values()), ctx.workdir, device=device,
-                                      timeout_s=timeout, on_split=announce, seed=0, inference=inference)
+                                      timeout_s=timeout, on_split=announce, seed=SAMPLING_SEED, inference=inference)
     results = await score(candidate, candidate_runs, model)
 
     baselines: dict[str, BenchmarkScores | None] = {}
@@ -281,7 +293,8 @@ async def _handle_warm(
     if uncached:
         base = select_model(base_model, None)
         base_runs = await engine.run(spec, base, list(uncached.values()), ctx.workdir,
-                                     device=device, timeout_s=timeout, on_split=announce, seed=0, inference=inference)
+                                     device=device, timeout_s=timeout, on_split=announce, seed=SAMPLING_SEED,
+                                     inference=inference)
         for label, run in (await score(uncached, base_runs, base)).items():
             split = uncached[label].manifest.split
             if run.scores is None:
@@ -309,11 +322,11 @@ def model_fingerprint(model_dir: Path) -> str:
 
 def baseline_key(model_dir: Path, manifest: SplitManifest, device: str, backend: str = "lm-eval",
                  inference: InferenceConfig | None = None) -> str:
-    parts: list[object] = [BASELINE_FORMAT, model_fingerprint(model_dir), manifest.model_dump(mode="json"), device]
-    if inference is not None and inference != InferenceConfig(greedy=True):
-        # A baseline generated one way is never compared with a candidate generated another way
-        # (a greedy baseline's key is the one it always had).
-        parts.append(inference.model_dump(mode="json"))
+    parts: list[object] = [BASELINE_FORMAT, model_fingerprint(model_dir), manifest.model_dump(mode="json"), device,
+                           SAMPLING_SEED]
+    # A baseline generated one way (greedy or sampled, with how many runs per item) is never compared
+    # with a candidate generated another way.
+    parts.append((inference or InferenceConfig(greedy=True)).model_dump(mode="json"))
     if backend != "lm-eval":  # backends score multiple choice differently: never share a baseline
         parts.append(backend)
     payload = json.dumps(parts, sort_keys=True)
@@ -373,12 +386,15 @@ def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None
     difference = None
     if candidate.primary_value is not None and baseline.primary_value is not None:
         difference = candidate.primary_value - baseline.primary_value
+    paired, summary = compare_scores(candidate, baseline)
     return BaselineComparison(
         baseline=baseline,
         primary_metric=candidate.primary_metric,
         candidate_value=candidate.primary_value,
         baseline_value=baseline.primary_value,
         difference=difference,
+        paired=paired,
+        summary=summary,
     )
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import chat_template_for, write_task_configs
+from services.benchmark.lmeval import chat_template_for, repeat_batch, write_task_configs
 from services.benchmark.models import ModelSelection
 from services.benchmark.registry import BenchmarkSpec
 from services.benchmark.splits import SplitManifest, write_split_data
@@ -243,7 +243,9 @@ class WarmEngine:
             await asyncio.to_thread(resident.hand_over, self.exchange)
             _write_json(self.exchange / f"job-{n}.json", {
                 "model": {"pretrained": str(pretrained), "peft": str(peft) if peft else None},
-                "device": device, "gpus": _gpu_count(self.settings, device), "dtype": None, "batch_size": 1,
+                "device": device, "gpus": _gpu_count(self.settings, device), "dtype": None,
+                # An item's repeats (lm-eval's ``repeats``) are one batched generation (lmeval.repeat_batch).
+                "batch_size": repeat_batch(inference),
                 "seed": seed, "apply_chat_template": chat_template_for(model, inference),
                 "vllm": {"gpu_memory_utilization": self.settings.vllm_gpu_memory_utilization,
                          "max_model_len": self.settings.vllm_max_model_len,

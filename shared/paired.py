@@ -1,0 +1,39 @@
+"""The paired comparison of two sets of benchmark scores on the same items, and its words.
+
+The benchmark stage compares a candidate with its base model; the judge recomputes the comparison
+at its own confidence level; a comparison of two requests uses the same call. Each side's per-item
+value is the item's primary metric averaged over its runs (``BenchmarkScores.item_means``).
+"""
+
+from __future__ import annotations
+
+from shared.events import BenchmarkScores
+from shared.statistics import ItemsDiffer, PairedComparison, compare_paired
+
+#: The bootstrap's and the permutation test's seed: recorded in every comparison (``paired.seed``).
+BOOTSTRAP_SEED = 0
+DEFAULT_LEVEL = 0.95
+
+
+def compare_scores(
+    candidate: BenchmarkScores,
+    other: BenchmarkScores,
+    *,
+    level: float = DEFAULT_LEVEL,
+    seed: int = BOOTSTRAP_SEED,
+    other_name: str = "the base model",
+) -> tuple[PairedComparison | None, str]:
+    """The paired comparison of ``candidate`` with ``other``, and the sentence saying it; the
+    comparison is None when the two cannot be paired, and the sentence says why."""
+    mine, theirs = candidate.item_means(), other.item_means()
+    if not mine or not theirs:
+        side = "the candidate" if not mine else other_name
+        return None, f"no paired comparison with {other_name}: {side} has no per-item outcomes"
+    if candidate.num_runs != other.num_runs:
+        return None, (f"no paired comparison with {other_name}: {candidate.num_runs} runs per item against "
+                      f"{other.num_runs}")
+    try:
+        paired = compare_paired(mine, theirs, seed=seed, level=level, higher_is_better=candidate.higher_is_better)
+    except ItemsDiffer as exc:
+        return None, f"no paired comparison with {other_name}: {exc}"
+    return paired, paired.describe(other_name)
