@@ -22,7 +22,7 @@ from rich.table import Table
 from ftbus.stages import PIPELINE
 from shared import loop as event_loop
 from shared.bus import Bus, NotConnected, PermissionDenied
-from shared.events import Progress, Report, Stage, TaskSpec, Timeouts, Verdict
+from shared.events import MAX_RUNS, Progress, Report, Stage, TaskSpec, Timeouts, Verdict
 from shared.logs import get_logger, setup_logging
 from shared.settings import Settings, load_settings
 
@@ -238,7 +238,7 @@ def submit(
     tasks_file: Annotated[
         Path | None,
         typer.Option("--tasks", help="JSONL, one task a line: {workspace, base_model, benchmark, description, "
-                     "datasets, timeouts}; the options above fill what a line leaves out."),
+                     "datasets, timeouts, num_runs}; the options above fill what a line leaves out."),
     ] = None,
     wait: Annotated[
         bool | None,
@@ -249,6 +249,12 @@ def submit(
     data_timeout: Annotated[float | None, typer.Option(help="Lower the data-processing timeout (s).")] = None,
     train_timeout: Annotated[float | None, typer.Option(help="Lower the training timeout (s).")] = None,
     bench_timeout: Annotated[float | None, typer.Option(help="Lower the benchmark timeout (s).")] = None,
+    num_runs: Annotated[
+        int | None,
+        typer.Option("--num-runs", min=1, max=MAX_RUNS,
+                     help="Samples per benchmark item (repeated runs; meaningful with sampling): each item's "
+                     "outcome is kept per run, the scores are their mean. Default: the benchmark's num_runs (1)."),
+    ] = None,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
@@ -261,7 +267,7 @@ def submit(
     if tasks_file is not None or len(workspaces or []) > 1:
         _submit_batch(settings, workspaces or [], tasks_file, wait is not False, as_json, timeouts,
                       {"base_model": base_model, "benchmark": benchmark, "description": description,
-                       "datasets": dataset or []})
+                       "datasets": dataset or [], "num_runs": num_runs})
         return
     if not workspaces or base_model is None or benchmark is None:
         err.print("[red]error:[/] give a WORKSPACE with --base-model and --benchmark, or --tasks FILE.jsonl")
@@ -269,7 +275,8 @@ def submit(
     workspace = workspaces[0]
     wait = bool(wait)
     task = TaskSpec(
-        base_model=base_model, benchmark=benchmark, description=description, involving_datasets=dataset or []
+        base_model=base_model, benchmark=benchmark, description=description, involving_datasets=dataset or [],
+        num_runs=num_runs,
     )
 
     async def main() -> int:

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftbus.bus_client import FtbusClient, ProgressCallback, WaitTimeout
-from shared.events import Progress, Report, TaskSpec, Timeouts, Verdict
+from shared.events import MAX_RUNS, Progress, Report, TaskSpec, Timeouts, Verdict
 from shared.kv_scan import latest
 from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
@@ -76,10 +76,12 @@ class EvalTask(BaseModel):
     description: str = ""
     datasets: list[str] = Field(default_factory=list, description="raw datasets under assets/datasets it reads")
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    num_runs: int | None = Field(default=None, ge=1, le=MAX_RUNS,
+                                 description="samples per benchmark item; default: the benchmark's num_runs")
 
     def task_spec(self) -> TaskSpec:
         return TaskSpec(base_model=self.base_model, benchmark=self.benchmark, description=self.description,
-                        involving_datasets=list(self.datasets))
+                        involving_datasets=list(self.datasets), num_runs=self.num_runs)
 
 
 class Client:
@@ -147,10 +149,13 @@ class Client:
         datasets: Sequence[str] = (),
         timeouts: Timeouts | None = None,
         request_id: str | None = None,
+        num_runs: int | None = None,
     ) -> str:
-        """Upload the workspace and request its evaluation; return the request id at once."""
+        """Upload the workspace and request its evaluation; return the request id at once. ``num_runs``:
+        samples per benchmark item (default: the benchmark's own, 1 unless its descriptor says)."""
         task = EvalTask(workspace=Path(workspace), base_model=base_model, benchmark=benchmark,
-                        description=description, datasets=list(datasets), timeouts=timeouts or Timeouts())
+                        description=description, datasets=list(datasets), timeouts=timeouts or Timeouts(),
+                        num_runs=num_runs)
         return await self.submit_task(task, request_id=request_id)
 
     async def submit_task(self, task: EvalTask, *, request_id: str | None = None) -> str:

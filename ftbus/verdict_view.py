@@ -35,6 +35,8 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
             f"[bold]vs baseline[/] ({b.primary_metric}): candidate {b.candidate_value} "
             f"baseline {b.baseline_value} difference {diff}"
         )
+        if b.summary:
+            lines.append(f"[bold]paired[/]: {b.summary}")
     metrics = result.training_metrics
     if metrics.final_loss is not None:
         lines.append(f"[bold]loss[/]: initial {metrics.initial_loss:.4f} -> final {metrics.final_loss:.4f} "
