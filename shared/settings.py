@@ -234,12 +234,20 @@ class Settings(BaseSettings):
     judge_prompts_file: Path | None = Field(
         default=None, description="Judge prompt templates (YAML). Default: the repository's prompts/judge.yaml."
     )
-    judge_policy: Literal["both", "llm", "rules"] = Field(
+    judge_policy: Literal["both", "llm", "rules", "significant"] = Field(
         default="llm",
         description="Who decides when every rule passes (a failed rule always fails the candidate): `llm` the "
         "LLM's answer; `rules` the rules, the LLM only writes the prose; `both` the LLM's answer, and the "
-        "candidate must not score below the base model on validation, a check made with or without an LLM. "
+        "candidate must not score below the base model on validation, a check made with or without an LLM; "
+        "`significant` the LLM's answer, and the candidate must beat the base model beyond noise on the same "
+        "validation items (paired interval excluding 0, p below 1 - judge_confidence_level). "
         "Without an LLM answer the rules decide. See docs/judge.md.",
+    )
+    judge_confidence_level: float = Field(
+        default=0.95, ge=0.5, lt=1,
+        description="judge_policy=significant: the confidence level of the paired comparison with the base "
+        "model. The improvement's interval at this level must exclude 0, and the p-value (McNemar's exact "
+        "test, or the paired permutation test) must be below 1 - level.",
     )
 
     # ------------------------------------------------------------------ dashboard

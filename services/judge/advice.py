@@ -17,6 +17,7 @@ from typing import Any, Literal
 from services.judge.condense import CondensedLog
 from services.judge.facts import JudgeFacts
 from shared.events import BenchResult, DataResult, FailedStage, Feedback, TrainingMetrics
+from shared.statistics import PairedComparison
 
 Category = Literal["Timeout", "OOM", "CUDA", "Config", "Data"]
 
@@ -129,7 +130,7 @@ def _training_facts(metrics: TrainingMetrics, condensed: CondensedLog | None) ->
     return ", ".join(parts)
 
 
-def _benchmark_lines(event: BenchResult) -> list[str]:
+def _benchmark_lines(event: BenchResult, paired: PairedComparison | None = None) -> list[str]:
     scores = event.benchmark
     if scores is None:
         return []
@@ -144,6 +145,10 @@ def _benchmark_lines(event: BenchResult) -> list[str]:
     if base and base.baseline_value is not None and base.candidate_value is not None:
         diff = base.difference if base.difference is not None else base.candidate_value - base.baseline_value
         lines.append(f"Base model on the same validation split: {_fmt(base.baseline_value)}; difference {diff:+.4g}.")
+    if paired is not None:
+        lines.append(f"Paired over the same items, the candidate is {paired.describe()}.")
+    elif base and base.summary:
+        lines.append(f"{base.summary[0].upper()}{base.summary[1:]}.")
     if scores.error_samples:
         first = scores.error_samples[0]
         lines.append(
@@ -369,7 +374,7 @@ def rules_feedback(facts: JudgeFacts) -> Feedback:
             + (f"Validation {primary} = {_fmt(value)}." if primary and value is not None else "")
         ).strip()
         intro = f"Validation benchmark {event.context.task.benchmark} produced results:"
-        return_checking = "\n".join([intro, *_benchmark_lines(event)])
+        return_checking = "\n".join([intro, *_benchmark_lines(event, facts.paired)])
         code = _code_text(facts, None)
         return Feedback(execution=execution, return_checking=return_checking, code=code, final_decision=True)
 
@@ -393,7 +398,7 @@ def rules_feedback(facts: JudgeFacts) -> Feedback:
         if training:
             got.append(f"Training had started: {training}.")
     if isinstance(event, BenchResult):
-        got.extend(_benchmark_lines(event))
+        got.extend(_benchmark_lines(event, facts.paired))
     return_checking = "\n".join([_expectation(facts), *got])
     code = _code_text(facts, category)
     return Feedback(execution=execution, return_checking=return_checking, code=code, final_decision=False)

@@ -12,6 +12,9 @@ Decision policy (``judge_policy``; docs/judge.md):
   - ``both``: the LLM's decision, and also a measured check the LLM cannot override: the candidate
     must not score below the base model on the validation split (the benchmark stage's baseline
     comparison; no baseline measured, no check);
+  - ``significant``: the LLM's decision, and the candidate must beat the base model beyond noise:
+    the paired interval over the validation items (at ``judge_confidence_level``) excludes 0 on the
+    better side and the p-value is below 1 - level (no paired comparison: not shown, so false);
 
 - without a judge model, or when the LLM is unavailable or never gives a valid answer, the rules
   write the feedback and the policy decides without the LLM's vote; ``JudgeInfo.reason`` says why.
@@ -49,7 +52,7 @@ log = get_logger("ftbus.judge")
 INLINE_FACTS_CHARS = 64 * 1024
 
 #: The values of ``Settings.judge_policy``.
-JudgePolicy = Literal["both", "llm", "rules"]
+JudgePolicy = Literal["both", "llm", "rules", "significant"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,11 @@ def decide(facts: JudgeFacts, llm_decision: bool | None, policy: JudgePolicy) ->
     if policy == "both" and facts.below_baseline:
         return PolicyDecision(
             False, f"judge_policy=both requires the candidate not to score below the base model: {facts.below_baseline}"
+        )
+    if policy == "significant" and facts.not_beyond_noise:
+        return PolicyDecision(
+            False, "judge_policy=significant requires the candidate to beat the base model beyond noise: "
+            f"{facts.not_beyond_noise}"
         )
     return PolicyDecision(llm_decision is not False)
 

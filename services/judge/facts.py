@@ -22,11 +22,14 @@ from services.judge.rules import (
     RulesOutcome,
     baseline_shortfall,
     model_files_of,
+    noise_shortfall,
     outcome_of,
+    paired_at,
     rules_decision,
 )
 from shared.events import BenchResult, DataResult, FailedStage, RunStage, StageOutcome
 from shared.settings import Settings
+from shared.statistics import PairedComparison
 from shared.train_yaml import TrainYamlError, load_yaml
 
 LogStage = RunStage  # a stage that runs candidate code, by its record name
@@ -68,6 +71,11 @@ class JudgeFacts:
     #: Set when the candidate scores below the base model on validation (a criterion only for
     #: ``judge_policy=both``).
     below_baseline: str | None
+    #: The paired comparison with the base model on the validation items, at judge_confidence_level.
+    paired: PairedComparison | None
+    #: Set when the candidate is not better than the base model beyond noise (a criterion only for
+    #: ``judge_policy=significant``).
+    not_beyond_noise: str | None
     train_yaml: str
     #: train.yaml as LlamaFactory reads it (``1e-4`` is a float), empty when it cannot be read.
     config: Mapping[str, Any]
@@ -163,6 +171,7 @@ def collect_facts(
     exit_code = rules.exit_code if rules.exit_code is not None else 1
     condensed = condense_log(by_stage.get(log_stage, "") if log_stage else "", exit_code, str(stage) if stage else None)
     outcome = outcome_of(event, stage)
+    paired = paired_at(event, settings.judge_confidence_level)
     if len(train_yaml) > settings.max_train_yaml_bytes:
         # Parsing megabytes of YAML takes seconds of CPU, and none of it belongs in a prompt: the
         # precheck refused this config already. The judge keeps its head and says why.
@@ -187,6 +196,8 @@ def collect_facts(
         condensed=condensed,
         rules=rules,
         below_baseline=baseline_shortfall(event),
+        paired=paired,
+        not_beyond_noise=noise_shortfall(event, paired, settings.judge_confidence_level),
         train_yaml=train_yaml,
         config=MappingProxyType(config),
         config_problem=problem,

@@ -115,7 +115,10 @@ def _benchmark_json(event: JudgedEvent) -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
-def _baseline_text(event: JudgedEvent) -> str | None:
+def _baseline_text(facts: JudgeFacts) -> str | None:
+    """The base model's score, and the paired comparison in words: the interval and the p-value,
+    never a bare difference that may be noise."""
+    event = facts.event
     if not isinstance(event, BenchResult) or event.baseline is None:
         return None
     base = event.baseline
@@ -124,6 +127,13 @@ def _baseline_text(event: JudgedEvent) -> str | None:
     text = f"{base.primary_metric or 'primary metric'} = {base.baseline_value:.4g}"
     if base.difference is not None:
         text += f" (candidate minus base: {base.difference:+.4g})"
+    if facts.paired is not None:
+        p = facts.paired
+        text += (f". Paired over the same {p.items} items, the candidate is {p.describe()}; "
+                 f"{p.level * 100:.0f}% interval of the difference [{p.ci_low:+.4f}, {p.ci_high:+.4f}], "
+                 f"p-value {p.p_value:.4g} ({'McNemar exact' if p.test == 'mcnemar' else 'paired permutation'})")
+    elif base.summary:
+        text += f". {base.summary}"
     return text
 
 
@@ -160,7 +170,7 @@ def build_context(facts: JudgeFacts) -> PromptContext:
         timeout_seconds=round(timeout) if timeout is not None else None,
         data_summary=_data_summary(event),
         benchmark_result=_benchmark_json(event),
-        baseline=_baseline_text(event),
+        baseline=_baseline_text(facts),
         loss_history=_loss_json(shown),
         loss_note=note,
         condensed_log=facts.condensed.as_prompt_json(),

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from shared.events import BenchResult, DataResult, FailedStage, StageOutcome, TrainResult
+from shared.paired import compare_scores
 from shared.runner import EXIT_TIMEOUT
+from shared.statistics import PairedComparison
 
 JudgedEvent = DataResult | TrainResult | BenchResult
 
@@ -168,6 +170,34 @@ def baseline_shortfall(event: JudgedEvent) -> str | None:
         f"validation {metric} = {_num(base.candidate_value)} is {side} the base model's "
         f"{_num(base.baseline_value)} ({better} is better)"
     )
+
+
+def paired_at(event: JudgedEvent, level: float) -> PairedComparison | None:
+    """The paired comparison with the base model on the validation items, at ``level``: the
+    benchmark stage's, or recomputed from the same per-item outcomes (and seed) at another level."""
+    if not isinstance(event, BenchResult) or event.baseline is None or event.baseline.paired is None:
+        return None
+    paired = event.baseline.paired
+    if paired.level == level or event.benchmark is None:
+        return paired
+    again, _ = compare_scores(event.benchmark, event.baseline.baseline, level=level, seed=paired.seed)
+    return again or paired
+
+
+def noise_shortfall(event: JudgedEvent, paired: PairedComparison | None, level: float) -> str | None:
+    """Why the candidate is not shown better than the base model beyond noise, or None when it is.
+
+    Only ``judge_policy=significant`` makes this a criterion. With no paired comparison (no baseline
+    measured, no per-item outcomes), an improvement cannot be shown, and that is the reason."""
+    if not isinstance(event, BenchResult):
+        return None  # the rules fail such a request already
+    if event.baseline is None:
+        return "no baseline of the base model was measured, so no improvement can be shown"
+    if paired is None:
+        return event.baseline.summary or "no paired comparison with the base model"
+    if paired.improves(level):
+        return None
+    return paired.describe()
 
 
 def _num(value: float | None) -> str:
