@@ -353,6 +353,63 @@ def get(
 
 
 @app.command()
+def pull(
+    request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
+    to: Annotated[Path | None, typer.Option("--to", help="The folder to create (default: ./ID).")] = None,
+    what: Annotated[str, typer.Option(
+        "--what", help="adapter: the files as trained (a LoRA adapter, or full weights); merged: the adapter "
+        "merged into its base model with peft, on this machine.")] = "adapter",
+    base_model: Annotated[Path | None, typer.Option(
+        "--base-model", help="--what merged: the base model's folder (default: the adapter's own, or assets).")] = None,
+    python: Annotated[str | None, typer.Option(
+        "--python", help="--what merged: a Python with peft and transformers (default: the toolchain's).")] = None,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Download a request's trained model into a folder that transformers/peft load as it is
+    (weights, tokenizer and config, trainer_state.json), every file checked against its sha256."""
+    if what not in ("adapter", "merged"):
+        err.print(f"[red]error:[/] --what {what}: adapter or merged")
+        raise typer.Exit(2)
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+        from ftbus.bus_client import FtbusClient
+        from ftbus.pull import PullError
+        from ftbus.pull import pull as pull_model
+
+        bars = Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(), console=err,
+                        transient=True, disable=as_json)
+        tasks: dict[str, Any] = {}
+
+        def on_progress(name: str, done: int, size: int) -> None:
+            if name not in tasks:
+                tasks[name] = bars.add_task(name, total=size or 1)
+            bars.update(tasks[name], completed=done if size else 1)
+
+        try:
+            async with await FtbusClient.connect(settings) as client:
+                with bars:
+                    pulled = await pull_model(client, request_id, to or Path(request_id), what=what,  # type: ignore[arg-type]
+                                              base_model=base_model, python=python, on_progress=on_progress)
+        except PullError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            return 2
+        if as_json:
+            print(json.dumps({"request_id": pulled.request_id, "path": str(pulled.path), "what": pulled.what,
+                              "model_kind": pulled.model_kind, "files": pulled.files, "bytes": pulled.bytes}))
+        else:
+            err.print(f"{pulled.model_kind} model of {request_id} ({pulled.what}, {len(pulled.files)} files, "
+                      f"{pulled.bytes / 2**20:.1f} MiB) in {pulled.path}")
+        return 0
+
+    _run(main(), settings)
+
+
+@app.command()
 def status(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     as_json: JsonOpt = False,

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -38,6 +38,9 @@ from shared.events import MAX_RUNS, Progress, Report, TaskSpec, Timeouts, Verdic
 from shared.kv_scan import latest
 from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from ftbus.pull import Pulled
 
 T = TypeVar("T")
 
@@ -255,6 +258,27 @@ class Client:
         if ref is None:
             return None
         return (await store.get_bytes(ref)).decode("utf-8", errors="replace")
+
+    async def pull(
+        self,
+        request_id: str,
+        to: str | Path | None = None,
+        *,
+        what: Literal["adapter", "merged"] = "adapter",
+        base_model: str | Path | None = None,
+        python: str | None = None,
+        on_progress: Callable[[str, int, int], None] | None = None,
+    ) -> Pulled:
+        """Download the request's trained model into ``to`` (default ``./<request_id>``), a folder
+        that ``transformers``/``peft`` load as it is: the adapter or full weights, the tokenizer and
+        config, ``trainer_state.json`` and the loss history, each checked against its sha256 (a
+        mismatch raises PullError naming the file; nothing half-written is left). ``what="merged"``
+        merges an adapter into its base model with peft (in ``python``, default the toolchain's)."""
+        from ftbus.pull import pull
+
+        return await pull(self.connection, request_id, Path(to) if to is not None else Path(request_id), what=what,
+                          base_model=Path(base_model) if base_model is not None else None, python=python,
+                          on_progress=on_progress)
 
     async def follow_log(
         self, request_id: str, stage: str = "train", *, poll_s: float = 1.0

@@ -75,7 +75,7 @@ class Topology:
         return [self.s.kv_requests, self.s.kv_status, *(self.s.kv_stage_results(stage) for stage in self.stages)]
 
     def stores(self) -> list[str]:
-        return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private]
+        return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private, self.s.object_store_models]
 
     # ------------------------------------------------------------------ API families
 
@@ -198,6 +198,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     rows = {spec.stage: spec for spec in pipeline}
     results = {stage: s.kv_stage_results(stage) for stage in t.stages}
     artifacts, cache, private = s.object_store, s.object_store_cache, s.object_store_private
+    models = s.object_store_models
     topology_lookup: Group = ("ensure_topology(): metadata only; stream names for js.subscribe()",
                               ["$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES"])
     status_read: Group = ("the cancel check (shared/runtime.py): the public view, read only",
@@ -260,6 +261,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                 ("what it publishes (no stage-results bucket: the aggregator's state is its record;\n"
                  "and no Object Store: it never reads or writes artifacts)",
                  [s.verdict(), s.report(), s.dlq]),
+                (f"the trained outputs' retention (services/aggregator/retention.py): list {models}'s\n"
+                 "objects, read and write each request's ranking and expiry marker, delete expired outputs",
+                 [*t.store_read(models), *t.store_write(models)]),
             ],
             deny=[t.deny_cache("the workers-only caches: it creates the store (above) but never reads or "
                                "writes it")],
@@ -316,8 +320,10 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                  [*rows[Stage.train].publishes(s), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.train),
-                ("artifacts: workspace + data.json in, outputs and logs out",
+                ("artifacts: workspace + data.json in, logs out",
                  [*t.store_read(artifacts), *t.store_write(artifacts)]),
+                (f"the trained outputs out, to {models} (agents read them there: `ftbus pull`)",
+                 [*t.store_read(models), *t.store_write(models)]),
             ],
             deny=[*stage_denies_common, t.deny_bench_results(), t.deny_private(),
                   t.deny_cache("the workers-only cache store: any read, and any write (train gets the data\n"
@@ -343,8 +349,8 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                  [*rows[Stage.bench].publishes(s), s.dlq, s.progress()]),
                 status_read,
                 stage_results(Stage.bench),
-                ("artifacts: training outputs in; validation logs out",
-                 [*t.store_read(artifacts), *t.store_write(artifacts)]),
+                ("artifacts: validation logs out", [*t.store_read(artifacts), *t.store_write(artifacts)]),
+                (f"the trained outputs in, from {models}", t.store_read(models)),
                 ("the private store: test-split logs out, the test baseline cache in/out",
                  [*t.store_read(private), *t.store_write(private)]),
                 ("the workers-only cache store: the validation baseline cache in/out\n"
@@ -383,7 +389,8 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
         "agent",
         "A user or fine-tuning agent, with the `ftbus` CLI or FtbusClient (connection `ftbus-client`):\n"
         "`ftbus submit` (upload the workspace, publish the request), `ftbus submit --wait` / `ftbus\n"
-        "get` / `ftbus watch` (verdicts, progress), `ftbus status` (the public view), `ftbus cancel`.\n"
+        "get` / `ftbus watch` (verdicts, progress), `ftbus status` (the public view), `ftbus cancel`,\n"
+        f"`ftbus pull` (the trained outputs, from {models}: the one store it reads).\n"
         "Never reports, the test stream, the full records, the bench results or the private store;\n"
         "and neither reads nor writes the cache store.",
         Rules(
@@ -402,6 +409,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                  "would read every object's chunks). No purge: an agent cannot wipe the store.",
                  [f"$O.{artifacts}.C.*", f"$O.{artifacts}.M.*",
                   f"$JS.API.DIRECT.GET.{t.obj(artifacts)}.$O.{artifacts}.M.>"]),
+                (f"`ftbus pull`: read the trained outputs of requests, {models} (nothing else of the\n"
+                 "stores: workspaces, data, logs and the test split's stay out of reach)",
+                 [*t.store_read(models), f"$JS.API.DIRECT.GET.{t.obj(models)}.>"]),
             ],
             deny=[
                 t.deny_test_stream(), *t.deny_reports_and_dlq(),
@@ -437,7 +447,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     dashboard = User(
         "dashboard",
         "Read-only: verdicts, reports (with the hidden test split: dashboards are their one audience),\n"
-        "full records and their public view, progress, dead letters, the three Object Stores (stage\n"
+        "full records and their public view, progress, dead letters, the four Object Stores (stage\n"
         "logs; test-split logs in the private store; the caches, for inspection: no purge).\n"
         "Publishes nothing.\n"
         "\n"
@@ -530,7 +540,13 @@ HEADER = r"""# ftbus: NATS accounts, users and permissions. Included by nats-ser
 # What everyone else reads instead: KV `ftbus_status` (the public view of each record: status,
 # stage, timings, progress, cancel flag, final_decision; the aggregator writes it, stage workers
 # read it for their cancel check, `ftbus status` reads it) and Object Store `ftbus_artifacts`
-# (workspaces, data, training outputs, validation logs).
+# (workspaces, data, validation logs: the workers' files, which agents write but never read).
+#
+# The trained outputs (adapters or weights, tokenizer, trainer state) are in a store of their own,
+# `ftbus_models`: written by train, read by bench and by agents (`ftbus pull`), swept by the
+# aggregator (it keeps each leaderboard's best). Object Store names travel in metadata subjects as
+# base64, and chunks under random ids: one grant cannot pick some objects of a store, so the one
+# thing agents may read of the stores is a whole store holding nothing else.
 #
 # The caches are a trust domain of their own, for the opposite reason: not what they reveal (no
 # test data) but who may WRITE them. A cache entry is served to every request whose key matches,
@@ -555,10 +571,10 @@ HEADER = r"""# ftbus: NATS accounts, users and permissions. Included by nats-ser
 # `ftbus.*`, streams FTBUS_EVENTS, FTBUS_TEST, FTBUS_VERDICTS, FTBUS_REPORTS, FTBUS_DLQ,
 # FTBUS_ADVISORIES; KV buckets ftbus_requests, ftbus_status,
 # ftbus_results_{data,train,bench,judge,aggregate} (streams KV_<bucket>, subjects
-# `$KV.<bucket>.>`); Object Stores ftbus_artifacts, ftbus_cache and ftbus_private (streams
+# `$KV.<bucket>.>`); Object Stores ftbus_artifacts, ftbus_cache, ftbus_private and ftbus_models (streams
 # OBJ_<bucket>, subjects `$O.<bucket>.C.*` and `$O.<bucket>.M.*`); durable consumers ftbus-<stage>.
 # For another prefix P, generate the file for it: `python -m ftbus.permissions --prefix P` (every
-# rule then names P's subjects and streams). With FTBUS_ARTIFACT_STORE=filesystem the three Object
+# rule then names P's subjects and streams). With FTBUS_ARTIFACT_STORE=filesystem the four Object
 # Stores are folders under FTBUS_ARTIFACT_DIR and their grants below are unused:
 # `<artifact_dir>/ftbus_private` must then be kept from the judge's and agents' machines, and
 # `<artifact_dir>/ftbus_cache` from everyone's but the data and bench workers' (and dashboards',

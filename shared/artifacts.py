@@ -207,6 +207,22 @@ async def _write_verified(
         raise
 
 
+def _mtime(value: object) -> float:
+    """An object's ``mtime`` as nats-py gives it (an RFC 3339 string) as a Unix time; 0 if unreadable."""
+    from datetime import datetime
+
+    text = str(value or "")
+    try:
+        # nanoseconds: Python reads at most microseconds
+        head, dot, rest = text.partition(".")
+        if dot:
+            digits = "".join(ch for ch in rest if ch.isdigit())
+            text = f"{head}.{digits[:6]}{rest[len(digits):]}"
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
 # ---------------------------------------------------------------------------- object store
 
 
@@ -427,6 +443,14 @@ class ObjectStoreArtifacts:
         with contextlib.suppress(ObjectNotFoundError):
             await self._store.delete(name)
 
+    async def list_objects(self) -> list[tuple[str, float]]:
+        """Every object's name and when it was written (a Unix time): the store's metadata only."""
+        try:
+            infos = await self._store.list()
+        except NotFoundError:  # nats-py's "no objects found"
+            return []
+        return [(info.name, _mtime(info.mtime)) for info in infos if not info.deleted and info.name]
+
 
 # ---------------------------------------------------------------------------- shared filesystem
 
@@ -594,6 +618,19 @@ class FilesystemArtifacts:
     async def delete(self, name: str) -> None:
         """Delete ``name``; deleting what does not exist is not an error (deliveries repeat)."""
         await asyncio.to_thread(self._delete_sync, validate_name(name))
+
+    def _list_sync(self) -> list[tuple[str, float]]:
+        if not self._objects.is_dir():
+            return []
+        found = []
+        for path in self._objects.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                found.append((path.relative_to(self._objects).as_posix(), path.stat().st_mtime))
+        return found
+
+    async def list_objects(self) -> list[tuple[str, float]]:
+        """Every object's name and when it was written (a Unix time)."""
+        return await asyncio.to_thread(self._list_sync)
 
 
 # ---------------------------------------------------------------------------- workspaces

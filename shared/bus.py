@@ -152,6 +152,7 @@ class Bus:
         self._submitter: ArtifactStore | None = None
         self._private: ArtifactStore | None = None
         self._cache: ArtifactStore | None = None
+        self._models: ArtifactStore | None = None
         # guard(): operations waiting to hear of a permission violation
         self._denial_waiters: set[asyncio.Future[PermissionDenied]] = set()
 
@@ -302,6 +303,7 @@ class Bus:
         await self.artifacts()
         await self.cache_artifacts()
         await self.private_artifacts()
+        await self.models_artifacts()
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
         assert config.name
@@ -380,6 +382,19 @@ class Bus:
             )
         return self._private
 
+    async def models_artifacts(self) -> ArtifactStore:
+        """Trained outputs, ``<request_id>/output/...``: train writes, bench and agents read (`ftbus
+        pull`). Created with no age limit: the aggregator's retention sweep removes a request's
+        outputs ``artifact_max_age_s`` after training unless it leads a leaderboard
+        (services/aggregator/retention.py)."""
+        if self._models is None:
+            self._models = await self._open_store(
+                self.subjects.object_store_models,
+                "ftbus trained outputs: adapters or weights, tokenizer, trainer state (agents may read)",
+                ttl=0,
+            )
+        return self._models
+
     async def _open_store(self, bucket: str, description: str, ttl: float | None = None,
                           submitter: bool = False) -> ArtifactStore:
         cfg = self.settings
@@ -389,7 +404,8 @@ class Bus:
             return FilesystemArtifacts(cfg.artifact_dir / bucket)
         return await ObjectStoreArtifacts.open(
             self.js, bucket, replicas=cfg.stream_replicas, description=description,
-            ttl=ttl or cfg.artifact_max_age_s,  # retention: artifacts
+            # retention: artifacts (0: none, the models store's sweep expires its objects)
+            ttl=(ttl or None) if ttl is not None else cfg.artifact_max_age_s,
             submitter=submitter,
         )
 

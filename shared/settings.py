@@ -269,7 +269,8 @@ class Settings(BaseSettings):
     artifact_max_age_s: float = Field(
         default=14 * DAY, gt=0,
         description="Object stores of requests (workspaces, data, training outputs, logs, test-split logs): "
-        "an object expires this long after it was written. Applies to buckets created from then on.",
+        "an object expires this long after it was written. Applies to buckets created from then on. Trained "
+        "outputs (the models store) expire by the aggregator's sweep instead, which keeps each leaderboard's best.",
     )
     cache_max_age_s: float = Field(default=30 * DAY, gt=0, description="The data and baseline caches' objects.")
     record_max_age_s: float = Field(
@@ -279,6 +280,12 @@ class Settings(BaseSettings):
     )
     result_max_age_s: float = Field(
         default=90 * DAY, gt=0, description="Verdict, report and dead-letter streams; keep >= record_max_age_s."
+    )
+    retention_sweep_s: float = Field(
+        default=3600.0, gt=0,
+        description="How often the aggregator removes trained outputs older than artifact_max_age_s from the "
+        "models store, except each leaderboard's best (per base model and benchmark), kept until a better one "
+        "replaces it.",
     )
 
     # ------------------------------------------------------------------ disk quota of a run (shared/quota.py)

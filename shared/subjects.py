@@ -128,6 +128,13 @@ class Subjects:
         """Test-split logs and caches: the evaluation's own trust domain, never readable by agents."""
         return f"{self.prefix}_private"
 
+    @property
+    def object_store_models(self) -> str:
+        """Trained outputs (``<request_id>/output/...``): written by train, read by bench and by
+        agents (`ftbus pull`), who read nothing else of the stores. No age limit of the server's:
+        the aggregator's retention sweep expires them, keeping each leaderboard's best."""
+        return f"{self.prefix}_models"
+
 
 def topology_stream_names(subjects: Subjects) -> list[str]:
     """Every stream `Bus.ensure_topology` creates, KV buckets and object stores included (as the
@@ -147,6 +154,7 @@ def topology_stream_names(subjects: Subjects) -> list[str]:
         f"OBJ_{subjects.object_store}",
         f"OBJ_{subjects.object_store_cache}",
         f"OBJ_{subjects.object_store_private}",
+        f"OBJ_{subjects.object_store_models}",
     ]
 
 

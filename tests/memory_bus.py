@@ -482,6 +482,9 @@ class MemoryBus:
     async def private_artifacts(self) -> FilesystemArtifacts:
         return self._store(self.subjects.object_store_private)
 
+    async def models_artifacts(self) -> FilesystemArtifacts:
+        return self._store(self.subjects.object_store_models)
+
     async def ensure_consumer(self, stream: str, durable: str, filters: list[str], *,
                               ack_wait: float | None = None) -> None:
         consumer = self.consumers.get((stream, durable))

@@ -15,6 +15,7 @@ from typing import Any
 
 from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage, Verdict, VerdictResult
 from shared.records import RequestRecord
+from shared.retention import rank_key
 
 # The order of the stage cards and of the timeline.
 STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
@@ -391,8 +392,9 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
         })
     out = []
     for key in sorted(boards):
-        sign = -1.0 if better[key] else 1.0
-        rows = sorted(boards[key], key=lambda r: (sign * r["validation"], r["submitted_at"] or "", r["request_id"]))
+        # The retention sweep keeps the outputs of each board's first row by the same rule.
+        rows = sorted(boards[key], key=lambda r, up=better[key]: rank_key(r["validation"], up, r["submitted_at"] or "",
+                                                                          r["request_id"]))
         for rank, row in enumerate(rows, 1):
             row["rank"] = rank
         out.append({

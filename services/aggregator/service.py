@@ -26,6 +26,7 @@ from typing import Any
 from services.aggregator import transitions as t
 from services.aggregator.advisories import follow_advisories
 from services.aggregator.outbox import Outbox
+from services.aggregator.retention import Retention
 from services.aggregator.store import RecordStore
 from services.aggregator.sweeper import Sweeper
 from shared import codec
@@ -69,6 +70,7 @@ class Aggregator:
         self.store = RecordStore(bus)
         self.outbox = Outbox(bus, self.store)
         self.sweeper = Sweeper(bus, self.store, self.apply, self.rows)
+        self.retention = Retention(bus, self.store)
         self._last_progress_write: dict[str, float] = {}
         #: Progress writes under way: each a task, so that the subscription's callback never waits.
         self._progress_writes: set[asyncio.Task[None]] = set()
@@ -105,6 +107,7 @@ class Aggregator:
             *(asyncio.create_task(worker.run(stop)) for worker in workers),
             asyncio.create_task(follow_advisories(self.bus, stop)),
             asyncio.create_task(self.sweeper.run(stop)),
+            asyncio.create_task(self.retention.run(stop)),
         ]
         try:
             await asyncio.gather(*tasks)

@@ -24,6 +24,22 @@ log = get_logger("ftbus.aggregator")
 Apply = Callable[[str, Transition], Awaitable[None]]
 
 
+async def periodically(
+    interval: float, stop: asyncio.Event, work: Callable[[], Awaitable[object]], failed: str
+) -> None:
+    """``work()`` every ``interval`` seconds until ``stop``; a failure is logged (as ``failed``), and
+    the next round comes as usual."""
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval)
+        if stop.is_set():
+            return
+        try:
+            await work()
+        except Exception:
+            log.exception(failed)
+
+
 class Sweeper:
     def __init__(self, bus: Bus, store: RecordStore, apply: Apply, rows: dict[str, StageSpec]) -> None:
         self.bus = bus
@@ -36,16 +52,7 @@ class Sweeper:
         self.test_stage = next((stage for stage, row in rows.items() if s.bench_test in row.publishes(s)), None)
 
     async def run(self, stop: asyncio.Event) -> None:
-        interval = self.bus.settings.sweep_interval_s
-        while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-            if stop.is_set():
-                return
-            try:
-                await self.sweep()
-            except Exception:
-                log.exception("sweep failed")
+        await periodically(self.bus.settings.sweep_interval_s, stop, self.sweep, "sweep failed")
 
     async def sweep(self) -> None:
         await self.store.bucket()  # the bucket exists

@@ -134,10 +134,12 @@ async def _publish_progress(ctx: StageContext, trainer_log: Path, stop: asyncio.
 
 
 async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_dir: Path) -> list[WorkspaceFile]:
+    # The models store, not the artifacts store: agents may read it (`ftbus pull`), and nothing else.
+    models = await ctx.bus.models_artifacts()
     uploaded: list[WorkspaceFile] = []
     for path in output_files_to_keep(output_dir):
         rel = path.relative_to(workspace).as_posix()
-        ref = await ctx.artifacts.put_file(f"{rid}/{rel}", path)
+        ref = await models.put_file(f"{rid}/{rel}", path)
         uploaded.append(WorkspaceFile(path=rel, ref=ref))
     return uploaded
 

@@ -406,6 +406,9 @@ def build_table() -> list[Op]:
          _users("agent", "dashboard")),
         (S.object_store_cache, _users("data", "bench", "dashboard"), _users("data", "bench"), _users("dashboard")),
         (S.object_store_private, _users("bench", "dashboard"), _users("bench"), _users("dashboard")),
+        # Trained outputs: the one store the agent reads (`ftbus pull`); the aggregator sweeps it.
+        (S.object_store_models, _users("train", "bench", "aggregate", "agent", "dashboard"),
+         _users("train", "aggregate"), _users("agent", "dashboard")),
     ):
         add(f"read object {store}", obj_get(store), read_who, store)
         add(f"read object {store} (message get of its chunk)", obj_chunk_get(store), read_who, store)
@@ -437,7 +440,7 @@ async def seed(admin: Bus) -> None:
             await admin.js.publish(subject, b"{}")
     for bucket in (S.kv_requests, S.kv_status, *(S.kv_stage_results(stage) for stage in Stage)):
         await (await admin.kv(bucket)).put(SEED_KEY, SEED_BYTES)
-    for store in (S.object_store, S.object_store_cache, S.object_store_private):
+    for store in (S.object_store, S.object_store_cache, S.object_store_private, S.object_store_models):
         await (await admin.js.object_store(store)).put(SEED_OBJECT, SEED_BYTES)
 
 

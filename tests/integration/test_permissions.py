@@ -304,3 +304,27 @@ async def test_the_client_raises_permission_denied_at_once(
     assert refused_sub.value.operation == "subscribe"
     assert refused_sub.value.subject.startswith("_INBOX.ftbus-client.")
     assert loop.time() - started < 30
+
+
+# ---------------------------------------------------------------------- the agent's model
+
+
+async def test_the_agent_pulls_its_model_and_reads_no_other_object(
+    one_request: Run, secured: SecuredServer, seeded: Settings, tmp_path: Path
+) -> None:
+    from ftbus.pull import pull
+
+    rid = one_request.request_id
+    agent = seeded.model_copy(update={"nats_url": secured.url("agent")})
+    async with await FtbusClient.connect(agent) as client:
+        pulled = await pull(client, rid, tmp_path / "model")
+        assert "adapter_model.safetensors" in pulled.files
+        for ref in one_request.verdict.artifacts:
+            assert (tmp_path / "model" / ref.path.removeprefix("output/")).stat().st_size == ref.ref.size
+        # Another stage's object (the data stage's data.json) and the hidden test split's log: refused.
+        for store, name in ((await client.bus.artifacts(), f"{rid}/data/data.json"),
+                            (await client.bus.private_artifacts(), f"{rid}/logs/benchmark-test.log")):
+            with pytest.raises(PermissionDenied) as refused:
+                await client.bus.guard(store.stat(name))
+            stream = "OBJ_ftbus_private" if "test" in name else "OBJ_ftbus_artifacts"
+            assert str(refused.value).startswith(f"permission denied for $JS.API.STREAM.MSG.GET.{stream}")

@@ -53,6 +53,12 @@ async def test_a_good_candidate_passes_with_scores_baseline_and_a_separate_repor
     paths = {a.path for a in verdict.artifacts}
     assert "output/adapter_model.safetensors" in paths
     assert not any("checkpoint-" in p for p in paths)
+    # ... in the models store, from which `ftbus pull` gets them, checked, and nothing else.
+    from ftbus.pull import pull
+
+    pulled = await pull(pipeline.client, rid, tmp_path / "model")
+    assert "adapter_model.safetensors" in pulled.files and pulled.model_kind == "lora"
+    assert len(pulled.files) == len(paths)
 
 
 async def test_watch_follows_progress_and_verdicts(pipeline: Pipeline, tmp_path: Path) -> None:

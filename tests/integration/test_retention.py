@@ -1,6 +1,13 @@
-"""Retention: every stream, bucket and object store the topology creates has the configured limit."""
+"""Retention: every stream, bucket and object store the topology creates has the configured limit;
+the models store's sweep keeps each leaderboard's best."""
 
 from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
 
 from shared.bus import Bus
 from shared.events import Stage
@@ -29,6 +36,8 @@ async def test_the_topology_applies_the_retention_settings(settings: Settings) -
         assert await max_age(f"OBJ_{s.object_store}") == 3 * day
         assert await max_age(f"OBJ_{s.object_store_private}") == 3 * day
         assert await max_age(f"OBJ_{s.object_store_cache}") == 4 * day
+        # Trained outputs: no age limit of the server's; the aggregator's sweep expires them.
+        assert await max_age(f"OBJ_{s.object_store_models}") == 0.0
     finally:
         await bus.close()
 
@@ -38,5 +47,83 @@ async def test_the_topology_applies_the_retention_settings(settings: Settings) -
     try:
         await bus.ensure_topology()
         assert (await bus.js.stream_info(bus.subjects.stream_verdicts)).config.max_age == 7 * day
+    finally:
+        await bus.close()
+
+
+async def _scored(bus: Bus, rid: str, value: float, submitted: datetime, benchmark: str = "tiny-arith") -> None:
+    """A finished request: its record with a completed verdict scoring ``value``, its outputs stored."""
+    from shared.events import BenchmarkScores, TaskSpec, Verdict, VerdictResult
+    from shared.records import RequestRecord
+
+    scores = BenchmarkScores(primary_metric="exact_match", primary_value=value)
+    verdict = Verdict(request_id=rid, status="completed", execution="", return_checking="", code="",
+                      final_decision=True, result=VerdictResult(benchmark=scores))
+    record = RequestRecord(request_id=rid, status="completed", submitted_at=submitted, verdict=verdict,
+                           task=TaskSpec(base_model="tiny-standin", benchmark=benchmark))
+    await (await bus.kv(bus.subjects.kv_requests)).put(rid, record.stored_json())
+    models = await bus.models_artifacts()
+    await models.put_bytes(f"{rid}/output/adapter_model.safetensors", rid.encode())
+
+
+async def test_the_leaders_outputs_survive_an_age_sweep_that_removes_the_others(settings: Settings) -> None:
+    from services.aggregator.retention import Retention
+    from services.aggregator.store import RecordStore
+    from shared.retention import EXPIRED_MARKER, ExpiredMarker
+
+    cfg = settings.model_copy(update={"artifact_max_age_s": 3600.0})
+    bus = await Bus.connect(cfg)
+    try:
+        await bus.ensure_topology()
+        models = await bus.models_artifacts()
+        t0 = datetime.now(UTC)
+        await _scored(bus, "leader", 0.9, t0)
+        await _scored(bus, "second", 0.5, t0 + timedelta(seconds=1))
+        await _scored(bus, "other-board", 0.1, t0, benchmark="tiny-sentiment")  # leads its own board
+        retention = Retention(bus, RecordStore(bus))
+        assert await retention.sweep() == []  # all young: nothing goes
+        later = time.time() + 2 * 3600
+        assert await retention.sweep(now=later) == ["second"]
+        assert await models.stat("leader/output/adapter_model.safetensors") is not None
+        assert await models.stat("other-board/output/adapter_model.safetensors") is not None
+        assert await models.stat("second/output/adapter_model.safetensors") is None
+        marker_ref = await models.stat(f"second/{EXPIRED_MARKER}")
+        assert marker_ref is not None
+        marker = ExpiredMarker.model_validate_json(await models.get_bytes(marker_ref))
+        assert marker.max_age_s == 3600.0 and marker.expired_at.timestamp() == pytest.approx(later)
+
+        # A better candidate replaces the leader, whose outputs then go at the next sweep (its
+        # record may be gone by then: its ranking was kept beside its outputs).
+        await (await bus.kv(bus.subjects.kv_requests)).delete("leader")
+        await _scored(bus, "better", 0.95, t0 + timedelta(seconds=2))
+        fresh = Retention(bus, RecordStore(bus))  # another aggregator, knowing nothing yet
+        assert await fresh.sweep(now=later) == ["leader"]
+        assert await models.stat("better/output/adapter_model.safetensors") is not None
+        # Markers go with the verdicts they explain.
+        await fresh.sweep(now=later + cfg.result_max_age_s + 3600)
+        assert await models.stat(f"second/{EXPIRED_MARKER}") is None
+    finally:
+        await bus.close()
+
+
+async def test_pull_of_an_expired_model_says_it_expired_and_when(settings: Settings, tmp_path: Path) -> None:
+    from ftbus.bus_client import FtbusClient
+    from ftbus.pull import ModelExpired, pull
+    from services.aggregator.retention import Retention
+    from services.aggregator.store import RecordStore
+    from tests.integration.test_pull import publish_trained
+
+    bus = await Bus.connect(settings)
+    try:
+        await bus.ensure_topology()
+        await publish_trained(bus, "old")  # a verdict without a score: it leads nothing
+        await Retention(bus, RecordStore(bus)).sweep(now=time.time() + settings.artifact_max_age_s + 60)
+        async with await FtbusClient.connect(settings) as client:
+            with pytest.raises(ModelExpired) as expired:
+                await pull(client, "old", tmp_path / "m")
+        when = datetime.now(UTC) + timedelta(seconds=settings.artifact_max_age_s + 60)
+        assert str(expired.value).startswith(f"the trained outputs of old expired on {when:%Y-%m-%d}")
+        assert "14 days (artifact_max_age_s)" in str(expired.value)
+        assert list(tmp_path.iterdir()) == []
     finally:
         await bus.close()

@@ -176,7 +176,7 @@ async def _train_result(settings: Settings, bus: FakeBus, tmp_path: Path, output
                         benchmark: str = "tiny-arith") -> TrainResult:
     event = await _eval(settings, bus, tmp_path)
     files = []
-    store = bus.stores["artifacts"]
+    store = bus.stores["models"]
     for name, content in outputs.items():
         from shared.events import WorkspaceFile
 
