@@ -12,7 +12,9 @@ for the verdict, and hands RD-Agent what its own evaluator would have:
   ran (as RD-Agent sets it after its training command, whether that succeeded or not);
 - ``implementation.running_info.result``, once training succeeded and the validation benchmark ran:
   ``{"benchmark": {"accuracy_summary", "error_samples"}, "benchmark_test": {...},
-  "training_metrics": {"loss_history": {"train": [...], "eval": [...]}, "final_loss", "initial_loss"}}``;
+  "training_metrics": {"loss_history": {"train": [...], "eval": [...]}, "final_loss", "initial_loss"},
+  "baseline_comparison": {...}}`` (ftbus's own key: the paired comparison with the base model on
+  the validation items, its interval and p-value, and the repeated runs' statistics);
 - ``data_stats.json`` injected into the workspace after data processing succeeded.
 
 ``benchmark_test`` (the hidden test split; RD-Agent shows it in its UI and never gives it to the
@@ -46,7 +48,7 @@ from rdagent.scenarios.finetune.train.runner import (
 )
 
 from ftbus.client import Client
-from shared.events import BenchmarkScores, FailedStage, Report, TrainingMetrics, Verdict
+from shared.events import BaselineComparison, BenchmarkScores, FailedStage, Report, TrainingMetrics, Verdict
 
 # RD-Agent's UI finds the runner's feedback under its evaluator's tag.
 LOG_TAG = "evaluator_feedback.FTRunnerEvaluator"
@@ -187,6 +189,27 @@ def benchmark_result(scores: BenchmarkScores | None) -> dict[str, Any]:
     }
 
 
+def baseline_comparison(baseline: BaselineComparison | None, scores: BenchmarkScores | None) -> dict[str, Any]:
+    """ftbus's own addition, beside the keys RD-Agent reads: the validation split against the base
+    model, paired over the same items (the interval, the p-value, the words), and the repeated runs."""
+    out: dict[str, Any] = {}
+    if scores is not None:
+        out["num_runs"] = scores.num_runs
+        out["seed"] = scores.seed
+        if scores.overall is not None:
+            out["overall"] = scores.overall.model_dump()
+    if baseline is None:
+        return out
+    out |= {"primary_metric": baseline.primary_metric, "candidate": baseline.candidate_value,
+            "baseline": baseline.baseline_value, "difference": baseline.difference, "summary": baseline.summary}
+    paired = baseline.paired
+    if paired is not None:
+        out |= {"items": paired.items, "paired_difference": paired.difference, "ci_low": paired.ci_low,
+                "ci_high": paired.ci_high, "level": paired.level, "p_value": paired.p_value, "test": paired.test,
+                "bootstrap_seed": paired.seed, "better_beyond_noise": paired.improves()}
+    return out
+
+
 def training_metrics(metrics: TrainingMetrics) -> dict[str, Any]:
     """RD-Agent's ``extract_loss_history`` and the two losses it derives from it."""
     history = metrics.loss_history
@@ -220,4 +243,6 @@ def apply_verdict(implementation: Any, verdict: Verdict, train_seconds: float | 
         "benchmark": benchmark_result(verdict.result.benchmark),  # agent-visible: SOTA judgment
         "benchmark_test": benchmark_result(report.benchmark_test if report else None),  # UI only
         "training_metrics": training_metrics(verdict.result.training_metrics),
+        # ftbus's own (RD-Agent's readers ignore it): the validation comparison with the base model.
+        "baseline_comparison": baseline_comparison(verdict.result.baseline, verdict.result.benchmark),
     }

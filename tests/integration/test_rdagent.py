@@ -99,7 +99,11 @@ async def test_parallel_rdagent_workers_share_one_ftbus_and_get_rdagents_own_sha
         assert run["workspace_feedback_is_it"]
         assert isinstance(run["running_time"], float) and run["running_time"] > 0
         result = run["result"]
-        assert set(result) == {"benchmark", "benchmark_test", "training_metrics"}
+        # RD-Agent's three keys, unchanged, and ftbus's own paired comparison beside them.
+        assert set(result) == {"benchmark", "benchmark_test", "training_metrics", "baseline_comparison"}
+        comparison = result["baseline_comparison"]
+        assert comparison["num_runs"] == 1 and comparison["seed"] == 0 and comparison["overall"]["items"] > 0
+        assert comparison["summary"]  # the paired comparison in words, or why there is none
         assert set(result["benchmark"]) == {"accuracy_summary", "error_samples"}
         assert set(result["benchmark"]["accuracy_summary"]) == {"doubling", "halving"}
         assert all(set(s) == {"question", "gold", "model_output"} for s in result["benchmark"]["error_samples"])
