@@ -187,3 +187,43 @@ async def test_the_engine_container_sees_its_exchange_the_models_and_its_script_
     finally:
         await engine.stop()
     assert not client.containers.list(all=True, filters={"label": f"ftbus.owner={runner.owner}"})
+
+
+async def test_repeated_runs_are_one_batch_per_item_and_greedy_runs_are_identical(
+    real_assets: Path, toolchain_bin: Path, tmp_path: Path
+) -> None:
+    """num_runs on the warm engine: lm-eval's repeats, each item's runs one batched generation. Greedy
+    runs of one model on the same items give identical outputs, within a job and from job to job;
+    sampled runs differ from one another."""
+    from services.benchmark.inference import InferenceConfig
+    from services.benchmark.lmeval import read_lm_eval_output
+
+    settings = _settings(tmp_path, real_assets, toolchain_bin)
+    engine = WarmEngine(LocalRunner(settings.passthrough_env, path_prefix=[toolchain_bin]), settings,
+                        tmp_path / "engine")
+    spec = load_benchmark(real_assets, BENCHMARK)
+    base = select_model(real_assets / "models" / "tiny-llama", None)
+    split = _splits(real_assets)[:1]
+    manifest = split[0].manifest
+
+    async def outputs(inference: InferenceConfig, workdir: Path) -> dict[str, tuple[str, ...]]:
+        runs = await engine.run(spec, base, split, workdir, device="cpu", timeout_s=600, inference=inference)
+        run = runs["validation"]
+        assert run.result.exit_code == 0, run.result.output_tail
+        # The engine batched each prompt's copies: lm-eval's batch size was the number of runs.
+        assert f"batch_size: {inference.num_runs}" in run.log_path.read_text()
+        read = read_lm_eval_output(run.output_dir, spec, manifest)
+        return {g.item_id: g.outputs for rows in read.generated.values() for g in rows}
+
+    try:
+        greedy = InferenceConfig(greedy=True, num_runs=3)
+        first = await outputs(greedy, tmp_path / "w1")
+        assert len(first) == sum(map(len, manifest.item_ids.values()))
+        assert all(len(texts) == 3 and len(set(texts)) == 1 for texts in first.values()), first
+        assert await outputs(greedy, tmp_path / "w2") == first  # and the same from one job to the next
+
+        sampled = await outputs(InferenceConfig(temperature=1.0, top_p=1.0, top_k=0, num_runs=4), tmp_path / "w3")
+        assert all(len(texts) == 4 for texts in sampled.values())
+        assert any(len(set(texts)) > 1 for texts in sampled.values()), sampled
+    finally:
+        await engine.stop()
