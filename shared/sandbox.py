@@ -99,14 +99,21 @@ def gpu_selection(spec: str | None) -> int | list[str]:
     """The GPUs a setting names: ``0`` none (``None``/``""``/``none``), :data:`ALL_GPUS` (``all``),
     a count (``2``) or device ids (``0,1``).
 
-    ``None`` also looks at ``CUDA_VISIBLE_DEVICES`` (the ids the worker was given), then at the
-    presence of an NVIDIA device (all of them). One reading for the container's device request
-    and the engine's tensor parallelism, so the two never disagree."""
+    ``None`` also looks at ``CUDA_VISIBLE_DEVICES`` (the ids the worker was given), then at
+    ``NVIDIA_VISIBLE_DEVICES`` (what a Kubernetes device plugin or the NVIDIA container runtime gave
+    the worker's container: indexes or UUIDs; ``void``/``none``: no GPU), then at the presence of
+    an NVIDIA device (all of them). One reading for the container's device request and the
+    engine's tensor parallelism, so the two never disagree."""
     if spec is None:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        given = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+        # Device ids, never a count: CUDA_VISIBLE_DEVICES=3 is the fourth GPU, not three of them.
         if visible and visible != "-1":
-            spec = visible
-        elif Path("/dev/nvidia0").exists():
+            return [d.strip() for d in visible.split(",") if d.strip()]
+        if given:
+            return [] if given in ("void", "none") else ALL_GPUS if given == "all" else \
+                [d.strip() for d in given.split(",") if d.strip()]
+        if Path("/dev/nvidia0").exists():
             spec = "all"
         else:
             return 0

@@ -183,9 +183,10 @@ class Settings(BaseSettings):
     code_exec_concurrency: int = Field(default=4, ge=1, description="Code samples run at once.")
 
     # ------------------------------------------------------------------ sandbox (docs/sandbox.md)
-    sandbox: Literal["auto", "docker", "local"] = Field(
+    sandbox: Literal["auto", "docker", "kubernetes", "local"] = Field(
         default="auto",
-        description="Where candidate code runs: docker (a container per run, isolated); local (a plain "
+        description="Where candidate code runs: docker (a container per run, isolated); kubernetes (a pod per "
+        "run through the Kubernetes API, for workers in a cluster: deploy/k8s); local (a plain "
         "subprocess, NO isolation, development only, must be chosen explicitly); auto: docker, and a worker "
         "refuses to start when no engine is reachable.",
     )
@@ -207,7 +208,36 @@ class Settings(BaseSettings):
     sandbox_gpus: str | None = Field(
         default=None,
         description="GPUs for train and bench containers: all, a count, or device ids `0,1`; unset: "
-        "CUDA_VISIBLE_DEVICES, else all when an NVIDIA device exists, else none.",
+        "CUDA_VISIBLE_DEVICES, else NVIDIA_VISIBLE_DEVICES (what a device plugin gives), else all when an "
+        "NVIDIA device exists, else none. With sandbox=kubernetes: the count each run's pod requests.",
+    )
+    sandbox_k8s_namespace: str | None = Field(
+        default=None, description="sandbox=kubernetes: the namespace of the runs' pods; unset: the worker pod's own."
+    )
+    sandbox_k8s_runtime_class: str | None = Field(
+        default=None,
+        description="sandbox=kubernetes: the RuntimeClass of the runs' pods (e.g. gvisor, where the cluster has "
+        "it); unset: the cluster's default runtime.",
+    )
+    sandbox_k8s_volumes: dict[str, str] = Field(
+        default_factory=dict,
+        description="sandbox=kubernetes: shared volumes a run's pod mounts instead of copying, path -> "
+        "PersistentVolumeClaim (e.g. {\"/assets\": \"ftbus-assets\"}); only the declared paths under them "
+        "are mounted (subPath, read-only).",
+    )
+    sandbox_k8s_gpu_resource: str = Field(
+        default="nvidia.com/gpu", description="sandbox=kubernetes: the extended resource a run's pod requests GPUs as."
+    )
+    sandbox_k8s_node_selector: dict[str, str] = Field(
+        default_factory=dict, description="sandbox=kubernetes: the runs' pods' nodeSelector (GPU nodes for GPU runs)."
+    )
+    sandbox_k8s_tolerations: list[dict[str, str]] = Field(
+        default_factory=list, description="sandbox=kubernetes: tolerations of the runs' pods (GPU nodes' taints)."
+    )
+    sandbox_k8s_start_timeout_s: float = Field(
+        default=900.0, gt=0,
+        description="sandbox=kubernetes: how long a run's pod may take to be scheduled and started before the "
+        "message is retried.",
     )
     llm_budget_requests: int = Field(default=500, ge=0, description="LLM calls one process_data.py run may make.")
     llm_budget_tokens: int = Field(default=2_000_000, ge=0, description="Total tokens one run may spend.")
