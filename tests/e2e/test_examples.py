@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ async def test_example_passes_for_real(
         sandbox="docker", sandbox_image=require_sandbox(),
         # The default: both splits and the baseline on the bench worker's warm engine container.
         bench_engine="warm",
+        # The LoRA example must beat the base model beyond noise; a null candidate (below) must not.
+        judge_policy="significant" if example == "lora" else "llm",
     )
     pipeline = Pipeline(settings)
     try:
@@ -69,6 +72,14 @@ async def test_example_passes_for_real(
             assert baseline.baseline_value == 0.0, baseline
             assert baseline.candidate_value is not None and baseline.candidate_value >= 0.75, baseline
             assert baseline.difference >= 0.5, baseline
+            # Paired over the same 40 validation items: significant, its interval excluding 0.
+            paired = baseline.paired
+            assert paired is not None and paired.items == 40 and paired.test == "mcnemar", baseline
+            assert paired.ci_low > 0 and paired.p_value < 0.001 and paired.improves(), paired
+            assert baseline.summary is not None and baseline.summary.startswith(
+                f"better than the base model by +{paired.difference:.2f} (95% CI +"), baseline.summary
+            assert bench.num_runs == 1 and bench.overall is not None and bench.overall.items == 40
+            assert baseline.baseline.item_ids == bench.item_ids
         model_files = {a.path for a in verdict.artifacts}
         expected = "output/adapter_model.safetensors" if example == "lora" else "output/model.safetensors"
         assert expected in model_files
@@ -85,8 +96,34 @@ async def test_example_passes_for_real(
         steps = [p.step for p in seen if p.stage == "train" and p.step is not None]
         assert steps, "no training progress arrived"
         assert steps == sorted(steps)
+        if example == "lora":
+            await _null_candidate_is_noise(pipeline, tmp_path)
     finally:
         await pipeline.stop()
+
+
+async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> None:
+    """examples/lora with a learning rate of 0 (and 2 steps) learns nothing: its LoRA update stays 0,
+    so it answers as the base model does. On the same warm engine and cached baseline, it is reported
+    not distinguishable from the base model and refused by judge_policy=significant."""
+    workspace = tmp_path / "null"
+    shutil.copytree(REPO / "examples" / "lora", workspace)
+    config = (workspace / "train.yaml").read_text()
+    config = config.replace("learning_rate: 5.0e-3", "learning_rate: 0.0").replace("max_steps: 80", "max_steps: 2")
+    assert "learning_rate: 0.0" in config and "max_steps: 2" in config
+    (workspace / "train.yaml").write_text(config)
+    task = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"])
+    verdict = await pipeline.client.wait(await pipeline.client.submit(workspace, task), timeout_s=900)
+    assert verdict.status == "completed", verdict.execution
+    assert verdict.judge is not None and verdict.judge.rules_decision is True  # every stage ran fine
+    assert verdict.final_decision is False, verdict.return_checking
+    baseline = verdict.result.baseline
+    assert baseline is not None and baseline.paired is not None, baseline
+    paired = baseline.paired
+    assert paired.ci_low <= 0 <= paired.ci_high and not paired.improves(), paired
+    assert baseline.summary is not None and baseline.summary.startswith("not distinguishable from the base model")
+    assert verdict.judge.reason is not None and "beat the base model beyond noise: not distinguishable" \
+        in verdict.judge.reason
 
 
 async def test_the_opencompass_backend_runs_the_pipeline(
