@@ -27,6 +27,7 @@ from services.benchmark.executor import (
     CodeSample,
 )
 from services.benchmark.registry import BenchmarkItem
+from shared.docker_runner import LABEL_OWNER
 from shared.settings import Settings
 from tests.sandbox_support import require_sandbox
 
@@ -291,6 +292,12 @@ def _honest() -> list[CodeSample]:
             + [CodeSample(t, build_program("humaneval", item(t), "")) for t in EMPTY])
 
 
+def _containers_of(executor: CodeExecutor) -> list:
+    """The code-exec containers this executor (this test process) started and left: other test
+    processes run executors of their own at the same time."""
+    return executor.client().containers.list(all=True, filters={"label": [LABEL, f"{LABEL_OWNER}={executor.owner}"]})
+
+
 @pytest.fixture(scope="module", params=_runtimes())
 def batch(request: pytest.FixtureRequest) -> dict[str, list[CodeOutcome]]:
     """One run(): honest samples, every hostile one, the honest ones again; outcomes by key."""
@@ -303,7 +310,7 @@ def batch(request: pytest.FixtureRequest) -> dict[str, list[CodeOutcome]]:
     for outcome in outcomes:
         by_key.setdefault(outcome.key, []).append(outcome)
     # Every sample's container is gone.
-    assert not executor.client().containers.list(all=True, filters={"label": LABEL})
+    assert not _containers_of(executor)
     return by_key
 
 
@@ -442,7 +449,7 @@ def test_cancelling_a_run_removes_its_containers() -> None:
             await task
 
     asyncio.run(cancel_soon())
-    assert not executor.client().containers.list(all=True, filters={"label": LABEL})
+    assert not _containers_of(executor)
 
 
 def test_a_missing_image_is_refused_saying_what_to_do() -> None:
@@ -478,4 +485,4 @@ def test_one_container_serves_honest_samples_unchanged_after_hostile_ones() -> N
             assert outcome.status == "passed", outcome
         else:
             assert outcome.status == "failed" and "AssertionError" in outcome.detail, outcome
-    assert not executor.client().containers.list(all=True, filters={"label": LABEL})
+    assert not _containers_of(executor)
