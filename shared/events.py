@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from shared.statistics import PairedComparison
 
 SCHEMA_VERSION = 1
-#: The most samples per benchmark item a benchmark or a request may ask for.
-MAX_RUNS = 64
+#: The most samples per benchmark item a benchmark or a request may ask for: each run's outcome of
+#: every item travels in the events (NATS messages are at most 1 MB by default).
+MAX_RUNS = 16
 
 RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
 #: A stage's name or record name: a :class:`Stage` or :class:`FailedStage` for ftbus's own stages, a

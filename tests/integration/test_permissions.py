@@ -148,6 +148,16 @@ async def test_one_request_through_per_user_workers_has_no_permission_violation(
     assert "benchmark_test" not in verdict.model_dump()
     assert report.benchmark_test is not None and report.benchmark_test.item_ids
     assert one_request.private_test_log
+    # Per-item outcomes: the agent's verdict holds the validation items' (the candidate's and the base
+    # model's, paired); the test items' are in the report only.
+    bench, baseline = verdict.result.benchmark, verdict.result.baseline
+    assert bench is not None and baseline is not None
+    validation = {s: list(items) for s, items in bench.item_scores.items()}
+    assert validation == bench.item_ids and {s: list(v) for s, v in baseline.baseline.item_scores.items()} == validation
+    assert baseline.paired is not None and baseline.paired.items == sum(map(len, validation.values()))
+    test_ids = {i for ids in report.benchmark_test.item_ids.values() for i in ids}
+    assert {i for items in report.benchmark_test.item_scores.values() for i in items} == test_ids
+    assert not test_ids & {i for ids in validation.values() for i in ids}
 
 
 def test_the_table_covers_every_user_of_accounts_conf() -> None:
