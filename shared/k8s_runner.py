@@ -500,7 +500,8 @@ class KubernetesRunner:
         folders = [(cwd, f"{_BASE}/work"), *((path, f"{_BASE}/inputs/{i}") for i, path in enumerate(copied))]
         for index, (folder, target) in enumerate(folders):
             last = index == len(folders) - 1
-            with tempfile.TemporaryFile() as archive:
+            # On the worker's scratch disk, not /tmp: a model's weights do not fit a small /tmp.
+            with tempfile.TemporaryFile(dir=cwd.parent) as archive:
                 with tarfile.open(fileobj=archive, mode="w") as tar:
                     for child in sorted(folder.iterdir()):  # the contents: the volume's root is not ours
                         tar.add(str(child), arcname=child.name)
@@ -516,7 +517,7 @@ class KubernetesRunner:
 
     def _copy_out(self, name: str, cwd: Path) -> list[str]:
         """The working folder as main left it, back into ``cwd``; returns the members skipped."""
-        with tempfile.TemporaryFile() as archive:
+        with tempfile.TemporaryFile(dir=cwd.parent) as archive:
             code, _, err = exec_in(self.api, self.namespace, name, PORTER,
                                    ["tar", "-c", "-f", "-", "-C", f"{_BASE}/work", "."], stdout=archive)
             if code != 0:

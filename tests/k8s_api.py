@@ -4,7 +4,8 @@ No Kubernetes can run here, so the runner's tests point the real ``kubernetes`` 
 HTTP server on 127.0.0.1. It speaks the API's wire formats for: create, read, list (label and field
 selectors), watch (a chunked stream of JSON events), delete a pod; a container's log (follow: a
 chunked stream); exec (a websocket with the ``v5.channel.k8s.io``/``v4.channel.k8s.io`` channel
-protocol: stdin 0, stdout 1, stderr 2, the status on 3, a v5 close of stdin).
+protocol: stdin 0, stdout 1, stderr 2, the status on 3, a v5 close of stdin); and create, read,
+replace a Secret (``stringData`` stored as base64 ``data``, a stale ``resourceVersion`` refused).
 
 Its "kubelet" runs each container of a pod as a local process: each volume is a folder, and every
 mount path in the container's command, working folder and environment is rewritten to its folder.
@@ -17,6 +18,7 @@ kubelet does for a container the kernel killed for memory.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -178,6 +180,7 @@ class FakeKubernetes:
         self.pods: dict[tuple[str, str], FakePod] = {}
         self.created: list[dict[str, Any]] = []  # every pod body as the client sent it
         self.execs: list[list[str]] = []
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.tasks: list[asyncio.Future[None]] = []  # each container's wait for its process
         self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
         self._version = 0
@@ -223,6 +226,9 @@ class FakeKubernetes:
         app.router.add_get(base + "/{name}/log", self._log)
         app.router.add_get(base + "/{name}/exec", self._exec)
         app.router.add_post(base + "/{name}/exec", self._exec)
+        app.router.add_post("/api/v1/namespaces/{ns}/secrets", self._secret_create)
+        app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", self._secret_read)
+        app.router.add_put("/api/v1/namespaces/{ns}/secrets/{name}", self._secret_replace)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -377,3 +383,40 @@ class FakeKubernetes:
         await ws.send_bytes(b"\x03" + json.dumps(status).encode())
         await ws.close()
         return ws
+
+    # ------------------------------------------------------------------ secrets
+
+    def _stored(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = dict(body.get("data") or {})
+        data.update({k: base64.b64encode(v.encode()).decode() for k, v in (body.pop("stringData", None) or {}).items()})
+        self._version += 1
+        body["data"] = data
+        body["metadata"].update(namespace=namespace, resourceVersion=str(self._version))
+        body["metadata"].setdefault("uid", str(uuid.uuid4()))
+        return body
+
+    async def _secret_create(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["ns"]
+        body = await request.json()
+        key = (namespace, body["metadata"]["name"])
+        if key in self.secrets:
+            return _status(409, "AlreadyExists", f'secrets "{key[1]}" already exists')
+        self.secrets[key] = self._stored(namespace, body)
+        return web.json_response(self.secrets[key], status=201)
+
+    async def _secret_read(self, request: web.Request) -> web.Response:
+        secret = self.secrets.get((request.match_info["ns"], request.match_info["name"]))
+        if secret is None:
+            return _status(404, "NotFound", f'secrets "{request.match_info["name"]}" not found')
+        return web.json_response(secret)
+
+    async def _secret_replace(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        body = await request.json()
+        if key not in self.secrets:
+            return _status(404, "NotFound", f'secrets "{key[1]}" not found')
+        if body["metadata"].get("resourceVersion") != self.secrets[key]["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified: apply your changes to the latest version")
+        body["metadata"]["uid"] = self.secrets[key]["metadata"]["uid"]
+        self.secrets[key] = self._stored(key[0], body)
+        return web.json_response(self.secrets[key])
