@@ -55,20 +55,9 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
     services = Services(root / "logs", config, per_stage=args.per_stage)
     client = None
     try:
-        client = await _connect(Settings(**config))
+        client = await connect_retrying(Settings(**config))
         subjects = client.bus.subjects
-        published: dict[str, set[tuple[str, bool]]] = {}
-        published_counts: Counter[str] = Counter()
-
-        async def on_verdict(msg: Any) -> None:
-            try:
-                verdict = codec.decode(msg.data, Verdict)
-            except codec.CodecError:
-                return
-            published.setdefault(verdict.request_id, set()).add((verdict.status, verdict.final_decision))
-            published_counts[verdict.request_id] += 1
-
-        await client.bus.nc.subscribe(subjects.verdict(), cb=on_verdict)
+        published, published_counts = await tap_verdicts(client)
         services.start()
         load = Load(root / "ws", count=args.requests, rate_s=args.rate, seed=args.seed)
         load.plan()
@@ -92,8 +81,8 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
 
         info = await retry(lambda: client.bus.js.stream_info(subjects.stream_verdicts, subjects_filter=">"))
         stream_counts = dict(info.state.subjects or {})
-        await _explain_missing(client, load)
-        stale_views = await _stale_views(client, load)
+        await explain_missing(client, load)
+        stale_views = await find_stale_views(client, load)
         # Exits nobody asked for (the supervisor started those workers again), and workers down now.
         crashed = [f"{svc.name} exited {code}" for svc in services.all for code in svc.exits]
         crashed += [f"{svc.name} down (exit {svc.proc.returncode})" for svc in services.all
@@ -120,7 +109,25 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
     return result, ack_losses, faults.log
 
 
-async def _stale_views(client: FtbusClient, load: Load) -> list[str]:
+async def tap_verdicts(client: FtbusClient) -> tuple[dict[str, set[tuple[str, bool]]], Counter[str]]:
+    """Every verdict published, as it is published (core subscription): per request, the distinct
+    (status, decision) pairs and how many were published. The checker's evidence of duplicates."""
+    published: dict[str, set[tuple[str, bool]]] = {}
+    counts: Counter[str] = Counter()
+
+    async def on_verdict(msg: Any) -> None:
+        try:
+            verdict = codec.decode(msg.data, Verdict)
+        except codec.CodecError:
+            return
+        published.setdefault(verdict.request_id, set()).add((verdict.status, verdict.final_decision))
+        counts[verdict.request_id] += 1
+
+    await client.bus.nc.subscribe(client.bus.subjects.verdict(), cb=on_verdict)
+    return published, counts
+
+
+async def find_stale_views(client: FtbusClient, load: Load) -> list[str]:
     """Requests whose public view does not show the verdict they got."""
     stale = []
     for req in load.requests:
@@ -132,7 +139,7 @@ async def _stale_views(client: FtbusClient, load: Load) -> list[str]:
     return stale
 
 
-async def _explain_missing(client: FtbusClient, load: Load) -> None:
+async def explain_missing(client: FtbusClient, load: Load) -> None:
     """For each request without a verdict: where its record says it is, and each stage's backlog."""
     missing = [r for r in load.requests if r.verdict is None]
     if not missing:
@@ -171,7 +178,7 @@ async def _probe_only(args: argparse.Namespace) -> int:
     return 1 if any(loss.lost for loss in losses) else 0
 
 
-async def _connect(settings: Settings) -> FtbusClient:
+async def connect_retrying(settings: Settings) -> FtbusClient:
     for attempt in range(30):
         try:
             return await FtbusClient.connect(settings)

