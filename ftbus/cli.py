@@ -19,7 +19,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ftbus.stages import PIPELINE
 from shared import loop as event_loop
 from shared.bus import Bus, NotConnected, PermissionDenied
 from shared.events import MAX_RUNS, Progress, Report, Stage, TaskSpec, Timeouts, Verdict
@@ -94,6 +93,8 @@ def _run(coro: Coroutine[Any, Any, int], settings: Settings) -> None:
 
 async def run_services(bus: Bus, stages: list[Stage], concurrency: int | None, stop: asyncio.Event) -> None:
     """Run ``stages`` here until ``stop``; ``concurrency`` None: each stage's own (its spec, settings)."""
+    from ftbus.stages import PIPELINE  # every service: imported by the commands that run them, not by `ftbus ls`
+
     tasks = [
         asyncio.create_task(spec.run(bus, stop, concurrency, PIPELINE), name=spec.stage)
         for spec in PIPELINE
