@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -53,6 +54,8 @@ from shared.sandbox import Sandbox, SandboxUnavailable, gpu_selection, host_iden
 log = get_logger("ftbus.sandbox")
 
 LABEL_OWNER = "ftbus.owner"
+#: The container the owning worker runs in, when it runs in a container of the same engine.
+LABEL_OWNER_CONTAINER = "ftbus.owner-container"
 LABEL_REQUEST = "ftbus.request_id"
 LABEL_STAGE = "ftbus.stage"
 #: The sandbox user when the worker runs as root (the image's ``ftbus`` user).
@@ -134,6 +137,7 @@ class DockerRunner:
         self.max_line_chars = max_line_chars
         self._client = client
         self.owner = host_identity()
+        self.owner_container = ""  # set by check(): the worker's own container on this engine, if any
 
     @property
     def name(self) -> str:
@@ -145,8 +149,10 @@ class DockerRunner:
         return self._client
 
     def check(self) -> None:
-        """Raise :class:`SandboxUnavailable` unless the engine answers and the image exists."""
+        """Raise :class:`SandboxUnavailable` unless the engine answers and the image exists. Notes
+        the worker's own container on this engine, if it runs in one, for the reaper."""
         client = self.client()
+        self.owner_container = container_of_host(client)
         try:
             client.images.get(self.image)
         except docker.errors.ImageNotFound:
@@ -350,7 +356,8 @@ class DockerRunner:
             "init": True,
             "ipc_mode": "private",
             "device_requests": gpu_request(self.gpus) if sandbox.gpus else [],
-            "labels": {LABEL_OWNER: self.owner, LABEL_REQUEST: request_id, LABEL_STAGE: self.stage},
+            "labels": {LABEL_OWNER: self.owner, LABEL_REQUEST: request_id, LABEL_STAGE: self.stage,
+                       **({LABEL_OWNER_CONTAINER: self.owner_container} if self.owner_container else {})},
             # The stage log is the record; docker's own copy is bounded so a chatty run cannot fill its disk.
             "log_config": LogConfig(type="json-file", config={"max-size": "20m", "max-file": "2"}),
             "detach": True,
@@ -467,15 +474,43 @@ def _remove_once_created(creating: asyncio.Future[Any]) -> None:
 
 
 def reap_containers(client: docker.DockerClient) -> list[str]:
-    """Remove sandbox containers whose worker on this host died (SIGKILL, OOM) without removing them.
+    """Remove sandbox containers whose worker died (SIGKILL, OOM) without removing them.
 
-    Called when a worker starts, like :func:`shared.runner.reap_orphans` for local processes.
-    Returns the names of the containers removed."""
+    Called when a worker starts, like :func:`shared.runner.reap_orphans` for local processes. A
+    worker of this host is judged by its process. A worker that ran in a container of this same
+    engine (a compose service; a container since replaced, under another hostname) is judged by
+    that container: its sandbox containers go once it no longer runs. A worker of any other host
+    is not this engine's to judge. Returns the names of the containers removed."""
     removed: list[str] = []
+    here = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": LABEL_OWNER}):
         owner = container.labels.get(LABEL_OWNER, "")
-        if owner_alive(owner):
+        host = owner.partition(":")[0]
+        its_container = container.labels.get(LABEL_OWNER_CONTAINER, "")
+        if host == here or not host:
+            alive = owner_alive(owner)
+        elif its_container:
+            alive = _running(client, its_container)
+        else:
+            alive = True
+        if alive:
             continue
         _remove(container)
         removed.append(container.name)
     return removed
+
+
+def container_of_host(client: docker.DockerClient, hostname: str | None = None) -> str:
+    """The id of the running container of this engine whose hostname is ``hostname`` (default: this
+    process's): the worker's own container, when it runs in one; "" when none or several are."""
+    hostname = hostname or socket.gethostname()
+    found = [c.id for c in client.containers.list(filters={"status": "running"})
+             if c.attrs.get("Config", {}).get("Hostname") == hostname]
+    return found[0] if len(found) == 1 else ""
+
+
+def _running(client: docker.DockerClient, container_id: str) -> bool:
+    try:
+        return client.containers.get(container_id).status in ("running", "restarting", "paused")
+    except docker.errors.NotFound:
+        return False
