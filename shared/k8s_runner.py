@@ -192,8 +192,10 @@ class KubernetesRunner:
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
         ]
+        # The disk quota (the per-file cap is the quota): past it the kubelet evicts the pod.
+        work: dict[str, Any] = {"sizeLimit": _quantity(max_file_bytes)} if max_file_bytes else {}
         volumes: list[dict[str, Any]] = [
-            {"name": "work", "emptyDir": {}},
+            {"name": "work", "emptyDir": work},
             {"name": "ctl", "emptyDir": {"sizeLimit": "1Mi"}},
             {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(self.tmp_size)}},
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(self.shm)}},

@@ -86,7 +86,8 @@ async def test_a_run_is_a_pod_that_streams_its_output_and_brings_the_workspace_b
               "exit 3")
     run = await runner.run(["sh", "-c", script], cwd=cwd, env={"FTBUS_X": "1"}, timeout_s=60,
                            log_path=tmp_path / "logs" / "train.log", on_line=lines.append,
-                           sandbox=Sandbox.reading(model, peft, gpus=True), request_id="req-1")
+                           sandbox=Sandbox.reading(model, peft, gpus=True), request_id="req-1",
+                           max_file_bytes=10 * 2**20)
 
     assert run.exit_code == 3 and not run.timed_out and not run.cancelled and not run.oom_killed
     assert run.sandbox == "kubernetes:gvisor:ftbus-sandbox:0.1.0"
@@ -104,6 +105,9 @@ async def test_a_run_is_a_pod_that_streams_its_output_and_brings_the_workspace_b
     assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
     assert spec["restartPolicy"] == "Never" and spec["runtimeClassName"] == "gvisor"
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The disk quota: no file past it (RLIMIT_FSIZE in 512-byte blocks), no working volume past it.
+    assert {"name": "work", "emptyDir": {"sizeLimit": "10Mi"}} in spec["volumes"]
     assert pod["metadata"]["labels"][LABEL_SANDBOX] == "true"
     assert pod["metadata"]["annotations"][ANNOTATION_OWNER] == host_identity()
     assert "hostNetwork" not in spec and "hostPID" not in spec
@@ -113,6 +117,7 @@ async def test_a_run_is_a_pod_that_streams_its_output_and_brings_the_workspace_b
                                        "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
     assert main["resources"]["limits"] == {"memory": str(4 * 2**30), "cpu": "2000m", "nvidia.com/gpu": "1"}
     assert main["workingDir"] == str(cwd)
+    assert "ulimit -f 20480" in main["command"][2]
     assert {"name": "FTBUS_X", "value": "1"} in main["env"]
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert mounts[str(model)]["readOnly"] and mounts[str(model)]["subPath"] == "models/tiny"
