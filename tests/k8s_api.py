@@ -90,7 +90,7 @@ class Container:
         return self._pattern.sub(lambda m: str(folders[m.group(1)]), text)
 
     def environment(self) -> dict[str, str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        env = {"PATH": self.pod.server.path}  # the image's PATH
         env.update({e["name"]: self.host(e.get("value", "")) for e in self.spec.get("env", [])})
         return env
 
@@ -171,11 +171,13 @@ class FakePod:
 
 
 class FakeKubernetes:
-    """The server; ``url`` for the client's ``Configuration.host``. ``claims``: PVC name -> folder."""
+    """The server; ``url`` for the client's ``Configuration.host``. ``claims``: PVC name -> folder;
+    ``path``: the PATH every container gets (an image's own, e.g. with its toolchain first)."""
 
-    def __init__(self, root: Path, claims: dict[str, Path] | None = None) -> None:
+    def __init__(self, root: Path, claims: dict[str, Path] | None = None, path: str | None = None) -> None:
         self.root = root
         self.claims = dict(claims or {})
+        self.path = path or os.environ.get("PATH", "/usr/bin:/bin")
         self.missing_images: set[str] = set()
         self.pods: dict[tuple[str, str], FakePod] = {}
         self.created: list[dict[str, Any]] = []  # every pod body as the client sent it
