@@ -37,6 +37,9 @@ from shared.settings import Settings
 from shared.subjects import msg_id
 from shared.taskcheck import assets_visible, check_task
 
+#: The artifact ``submit`` leaves beside a request's workspace, ``<request_id>/submitted.json``.
+SUBMITTED_MARKER = "submitted.json"
+
 ProgressCallback = Callable[[Progress], Awaitable[None] | None]
 
 
@@ -107,7 +110,11 @@ class FtbusClient:
             request_id=rid,
             context=RequestContext(task=task, workspace=files, timeouts=timeouts or Timeouts()),
         )
-        await self.bus.publish(self.s.eval_requested, event, msg_id(rid, "submit", "requested"))
+        # Beside the request, a marker that `status` finds before the aggregator has written the
+        # request's first view (an agent reads the artifacts store's metadata, nothing else of it).
+        marker = f'{{"submitted_at": "{event.emitted_at.isoformat()}"}}'.encode()
+        await asyncio.gather(self.bus.publish(self.s.eval_requested, event, msg_id(rid, "submit", "requested")),
+                             (await self.bus.submitter_artifacts()).put_bytes(f"{rid}/{SUBMITTED_MARKER}", marker))
         return rid
 
     async def submit_retrying(
@@ -154,12 +161,21 @@ class FtbusClient:
         return codec.decode(raw.data or b"", Report if report else Verdict)
 
     async def status(self, request_id: str) -> RequestStatusView | None:
+        """The request's public view; ``queued`` for one submitted whose view the aggregator has not
+        written yet; None for a request nobody submitted (or one forgotten after record_max_age_s)."""
         kv = await self.bus.guard(self.bus.kv(self.s.kv_status))
         try:
             entry = await self.bus.guard(kv.get(request_id))
         except KeyNotFoundError:
+            entry = None
+        if entry is not None and entry.value:
+            return RequestStatusView.model_validate_json(entry.value)
+        store = await self.bus.guard(self.bus.submitter_artifacts())
+        try:
+            submitted = await self.bus.guard(store.stat(f"{request_id}/{SUBMITTED_MARKER}"))
+        except ValueError:  # not a request id that submit could have made (UnsafePath)
             return None
-        return RequestStatusView.model_validate_json(entry.value) if entry.value else None
+        return RequestStatusView(request_id=request_id, status="queued") if submitted is not None else None
 
     async def wait(
         self,

@@ -332,11 +332,19 @@ def _submit_batch(settings: Settings, workspaces: list[Path], tasks_file: Path |
 def get(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     report: Annotated[bool, typer.Option("--report", help="The full report, with the hidden test split.")] = False,
+    output_format: Annotated[str, typer.Option(
+        "--format", help="verdict: ftbus's verdict (--json: as JSON); lm-eval: the validation results as an "
+        "lm-eval results file (JSON: results, versions, n-shot, config...), for tools that read lm-eval's."
+    )] = "verdict",
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
     """Print a request's verdict (or report). Exit 0/1 by final_decision, 2 when there is none yet."""
+    if output_format not in ("verdict", "lm-eval") or (output_format == "lm-eval" and report):
+        err.print(f"[red]error:[/] --format {output_format}: verdict, or lm-eval (the validation split's results: "
+                  "not with --report)")
+        raise typer.Exit(2)
     settings = _settings(config, nats_url)
 
     async def main() -> int:
@@ -344,9 +352,12 @@ def get(
 
         async with await FtbusClient.connect(settings) as client:
             verdict = await client.get(request_id, report=report)
+            view = await client.status(request_id) if output_format == "lm-eval" else None
         if verdict is None:
             err.print(f"no {'report' if report else 'verdict'} for {request_id} yet (see `ftbus status {request_id}`)")
             return 2
+        if output_format == "lm-eval":
+            return _print_lm_eval(verdict, view, settings)
         _print_verdict(verdict, as_json)
         return _exit_code(verdict)
 
@@ -427,7 +438,8 @@ def status(
             record = await client.status(request_id)
         if record is None:
             # The aggregator writes a request's arrival with its next event, or after a second.
-            err.print(f"unknown request {request_id} (one submitted in the last second or two may not show yet)")
+            err.print(f"unknown request {request_id}: nothing was submitted under that id (or it was forgotten, "
+                      "record_max_age_s after it ended)")
             return 2
         if as_json:
             print(record.model_dump_json())
@@ -630,6 +642,22 @@ def assets_init(config: ConfigOpt = None) -> None:
 
 
 # ---------------------------------------------------------------------- output
+
+
+def _print_lm_eval(verdict: Verdict, view: Any, settings: Settings) -> int:
+    from ftbus.lmeval_format import NoResults, lm_eval_results
+    from services.benchmark.registry import load_benchmark
+
+    version = None
+    if view is not None and view.task is not None:
+        with contextlib.suppress(Exception):  # assets not on this machine: the file says null
+            version = load_benchmark(settings.assets, view.task.benchmark).version
+    try:
+        print(json.dumps(lm_eval_results(verdict, view, version), indent=2))
+    except NoResults as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 2
+    return 0
 
 
 def _print_verdict(verdict: Verdict | Report, as_json: bool) -> None:

@@ -151,8 +151,11 @@ def _base_model_of(adapter_dir: Path, given: Path | None, assets: Path) -> Path:
 
 
 async def _merge(adapter_dir: Path, base: Path, out_dir: Path, python: str) -> None:
+    from services.benchmark.engine import vllm_support
+
+    engine_dir = Path(vllm_support.__file__).resolve().parent
     proc = await asyncio.create_subprocess_exec(
-        python, str(MERGE_SCRIPT), str(adapter_dir), str(base), str(out_dir),
+        python, str(MERGE_SCRIPT), str(engine_dir), str(adapter_dir), str(base), str(out_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await proc.communicate()
@@ -197,7 +200,7 @@ async def pull(
         kind = "lora" if (staging / "adapter_config.json").is_file() else "full"
         final = staging
         if what == "merged" and kind == "lora":
-            base = _base_model_of(staging, base_model, conn.settings.assets)
+            base = _base_model_of(staging, base_model, conn.bus.settings.assets)
             merged_dir = _staging(dest, "merged")
             await _merge(staging, base, merged_dir, python or default_python())
             final = merged_dir

@@ -15,7 +15,9 @@ for the verdict, and hands RD-Agent what its own evaluator would have:
   "training_metrics": {"loss_history": {"train": [...], "eval": [...]}, "final_loss", "initial_loss"},
   "baseline_comparison": {...}}`` (ftbus's own key: the paired comparison with the base model on
   the validation items, its interval and p-value, and the repeated runs' statistics);
-- ``data_stats.json`` injected into the workspace after data processing succeeded.
+- ``data_stats.json`` injected into the workspace after data processing succeeded;
+- the trained model's files in the workspace's ``output/`` after training succeeded (`ftbus pull`;
+  setting ``rdagent_pull_model``, on by default).
 
 ``benchmark_test`` (the hidden test split; RD-Agent shows it in its UI and never gives it to the
 agent) needs a NATS user allowed to read reports: set ``FTBUS_REPORT_NATS_URL`` (and, if that user's
@@ -28,6 +30,7 @@ into RD-Agent's worker processes, and any number of parallel loops may share one
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -89,8 +92,9 @@ class FtbusRunnerEvaluator(CoSTEEREvaluator):
             logger.log_object(fb, tag=LOG_TAG)
             return fb
 
+        workspace_path = getattr(implementation, "workspace_path", None)
         verdict, train_seconds, report = self.client.run(
-            lambda client: self._evaluate(client, target_task, dict(implementation.file_dict))
+            lambda client: self._evaluate(client, target_task, dict(implementation.file_dict), workspace_path)
         )
         logger.info(f"ftbus verdict {verdict.request_id}: status={verdict.status} "
                     f"final_decision={verdict.final_decision} failed_stage={verdict.failed_stage}")
@@ -101,7 +105,7 @@ class FtbusRunnerEvaluator(CoSTEEREvaluator):
         return fb
 
     async def _evaluate(
-        self, client: Client, task: Any, files: dict[str, str]
+        self, client: Client, task: Any, files: dict[str, str], workspace_path: Path | None = None
     ) -> tuple[Verdict, float | None, Report | None]:
         with tempfile.TemporaryDirectory(prefix="ftbus-rdagent-") as tmp:
             workspace = write_files(Path(tmp), files)
@@ -115,6 +119,8 @@ class FtbusRunnerEvaluator(CoSTEEREvaluator):
         view = await client.status(rid)
         timing = view.stages.get("train") if view is not None else None
         train_seconds = timing.duration_s if timing is not None else None
+        if workspace_path is not None and client.settings.rdagent_pull_model:
+            await pull_model_into(client, verdict, Path(workspace_path) / "output")
         return verdict, train_seconds, await self._report(client, rid)
 
     async def _report(self, client: Client, request_id: str) -> Report | None:
@@ -148,6 +154,26 @@ class FtbusFinetuneRunner(LLMFinetuneRunner):
             stop_eval_chain_on_fail=True,
             **kwargs,
         )
+
+
+async def pull_model_into(client: Client, verdict: Verdict, output: Path) -> None:
+    """After a successful training, the model's files in the workspace's ``output/``, as RD-Agent's
+    own evaluator leaves them there (its checks look for ``*.safetensors`` and ``adapter_*``). The
+    folder is replaced, as a new training run overwrites it. A pull that fails is logged: the
+    verdict stands without the files."""
+    from ftbus.pull import OUTPUT_PREFIX, PullError
+
+    if verdict.failed_stage in _NO_MODEL or not any(a.path.startswith(OUTPUT_PREFIX) for a in verdict.artifacts):
+        return
+    if output.exists():
+        shutil.rmtree(output)
+    try:
+        pulled = await client.pull(verdict.request_id, output)
+    except (PullError, OSError) as exc:
+        logger.warning(f"ftbus request {verdict.request_id}: the trained model could not be downloaded into "
+                       f"{output}: {exc}")
+        return
+    logger.info(f"ftbus request {verdict.request_id}: {len(pulled.files)} model files in {output}")
 
 
 # ---------------------------------------------------------------------- verdict -> RD-Agent's shapes

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         pattern=r"^[A-Za-z0-9_-]+$",
         description="Connection name used with report_nats_url: the inbox that user is granted.",
     )
+    rdagent_pull_model: bool = Field(
+        default=True,
+        description="The RD-Agent evaluator (ftbus.rdagent) downloads the trained model into the implementation's "
+        "workspace output/ after a successful training, where RD-Agent's own evaluator leaves it (`ftbus pull`); "
+        "off for loops that do not need the weights.",
+    )
     ack_wait_s: float = Field(default=60.0, gt=0, description="Redelivery deadline of an unacked message.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval; keep < ack_wait_s.")
     max_deliver: int = Field(default=5, ge=1, description="Attempts before a message is dead-lettered.")

@@ -45,6 +45,15 @@ async def test_submit_several_workspaces_waits_for_all_and_ls_lists_them(
         assert rid in out
     assert "completed" in out and "data_processing" in out
 
+    # The validation results as an lm-eval results file (its schema: tests/unit/test_lmeval_format.py).
+    code, out, err = await run_ftbus(settings, "get", ok_id, "--format", "lm-eval")
+    assert code == 0, err
+    results = json.loads(out)
+    assert sorted(results["results"]) == ["ftbus_tiny_arith_doubling", "ftbus_tiny_arith_halving"]
+    assert results["versions"]["ftbus_tiny_arith_doubling"] == 1 and results["n-shot"]["ftbus_tiny_arith_halving"] == 0
+    code, _, err = await run_ftbus(settings, "get", bad_id, "--format", "lm-eval")
+    assert code == 2 and "has no validation results" in err
+
     code, out, _ = await run_ftbus(settings, "ls", "--status", "running", "--json")
     assert code == 0 and json.loads(out) == []
     code, _, err = await run_ftbus(settings, "ls", "--status", "finished")
@@ -122,3 +131,16 @@ async def test_logs_follow_waits_for_a_running_stage(pipeline: Pipeline, setting
     assert "Training completed." in out
     assert "[train]" in err and "step" in err  # live progress while it waited
     await asyncio.wait_for(pipeline.client.wait(rid), timeout=120)
+
+
+async def test_status_right_after_submit_says_queued(bus: object, settings: Settings, tmp_path: Path) -> None:
+    # No service runs: the aggregator has written nothing of the request yet.
+    code, out, err = await run_ftbus(settings, "submit", str(write_workspace(tmp_path / "ws")), *TASK_OPTS)
+    assert code == 0, err
+    rid = out.strip().splitlines()[-1]
+    code, out, err = await run_ftbus(settings, "status", rid, "--json")
+    assert code == 0, err
+    view = json.loads(out)
+    assert view["request_id"] == rid and view["status"] == "queued"
+    code, _, err = await run_ftbus(settings, "status", "20990101-000000-00000000")
+    assert code == 2 and "unknown request 20990101-000000-00000000" in err

@@ -303,6 +303,30 @@ async def test_request_page_draws_the_loss_curve_live_then_complete(env: Env, pa
     await page.screenshot(path=str(env.shots / "request.png"), full_page=True)
 
 
+async def test_the_request_page_shows_the_verdicts_sandbox_and_llm_usage(env: Env, page: Any) -> None:
+    """A finished request whose process_data.py called an LLM through the gateway, in a Docker sandbox
+    (the stand-in pipeline runs neither): its record as the aggregator leaves it, read by the page."""
+    from shared.events import LlmUsage, Verdict
+    from shared.records import RequestRecord
+
+    rid = "llm-" + secrets.token_hex(4)
+    usage = LlmUsage(requests=7, prompt_tokens=1234, completion_tokens=567, refused=2, budget_requests=9)
+    verdict = Verdict(request_id=rid, status="completed", execution="ok", return_checking="", code="",
+                      final_decision=True, sandbox="docker:ftbus-sandbox:latest", llm_usage=usage)
+    record = RequestRecord(request_id=rid, status="completed", task=TASK, verdict=verdict, verdict_published=True,
+                           report_published=True, final_decision=True)
+    bus = env.pipeline.bus
+    assert bus is not None
+    await (await bus.kv(bus.subjects.kv_requests)).put(rid, record.stored_json())
+    await page.goto(f"{env.url}/requests/{rid}")
+    await page.wait_for_selector("#task [data-sandbox]", timeout=WAIT_MS)
+    assert await page.get_attribute("#task [data-sandbox]", "data-sandbox") == "docker:ftbus-sandbox:latest"
+    assert await _text(page, "#task [data-sandbox]") == "sandbox docker:ftbus-sandbox:latest"
+    said = " ".join((await _text(page, "[data-llm-usage]")).split())
+    assert "LLM calls by process_data.py: 7" in said and "1234 prompt + 567 completion tokens" in said
+    assert "2 refused (budget spent)" in said and "budget 9 calls" in said
+
+
 async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, page: Any) -> None:
     # Three candidates that score differently on validation (the stand-in answers every k-th item).
     weak, best, middle = await asyncio.gather(

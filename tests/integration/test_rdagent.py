@@ -117,11 +117,16 @@ async def test_parallel_rdagent_workers_share_one_ftbus_and_get_rdagents_own_sha
         assert metrics["initial_loss"] == train[0]["loss"] and metrics["final_loss"] == train[-1]["loss"]
         assert run["data_stats"]["total_samples"] == 40
         assert set(run["data_stats"]) == {"total_samples", "token_stats", "stdout_summary"}
+        # The trained model in the workspace's output/, where RD-Agent's own evaluator leaves it and
+        # its own check finds it.
+        assert "adapter_model.safetensors" in run["output_files"] and "trainer_state.json" in run["output_files"]
+        assert "adapter_model.safetensors" in run["rdagent_model_files"]
 
     # A failed data stage: RD-Agent's evaluator sets neither running_time nor result then.
     assert failed["final_decision"] is False
     assert "no data today" in failed["raw_execution"]
     assert failed["result"] is None and failed["running_time"] is None and failed["data_stats"] is None
+    assert failed["output_files"] is None  # no model: nothing downloaded
 
 
 async def test_one_evaluation_feeds_rdagents_readers_and_the_report_fills_benchmark_test(
@@ -133,9 +138,11 @@ async def test_one_evaluation_feeds_rdagents_readers_and_the_report_fills_benchm
                "CHAT_STREAM": "False"}
     # Report credentials: here the server has no users, so the plain URL may read reports.
     report = await drive(rdagent_python, settings, tmp_path / "rd", "one", ws,
-                         extra_env={"FTBUS_REPORT_NATS_URL": str(settings.nats_url), **llm_env})
+                         extra_env={"FTBUS_REPORT_NATS_URL": str(settings.nats_url), "FTBUS_RDAGENT_PULL_MODEL": "0",
+                                    **llm_env})
     run = report["run"]
     assert run["final_decision"] is True, run["execution"]
+    assert run["output_files"] is None  # rdagent_pull_model off: the weights stay in ftbus
     result = run["result"]
     test = result["benchmark_test"]
     assert set(test) == {"accuracy_summary", "error_samples"}

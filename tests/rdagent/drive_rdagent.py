@@ -49,6 +49,7 @@ def evaluate_in_worker(evaluator: FtbusRunnerEvaluator, target: FTTask, ws: FBWo
 
 
 def observe(fb: CoSTEERSingleFeedback, ws: FBWorkspace) -> dict[str, Any]:
+    output = ws.workspace_path / "output"
     return {
         "pid": os.getpid(),
         "feedback_type": type(fb).__name__,
@@ -62,6 +63,11 @@ def observe(fb: CoSTEERSingleFeedback, ws: FBWorkspace) -> dict[str, Any]:
         "running_time": ws.running_info.running_time,
         "result": ws.running_info.result,
         "data_stats": json.loads(ws.file_dict["data_stats.json"]) if "data_stats.json" in ws.file_dict else None,
+        "output_files": sorted(p.name for p in output.iterdir()) if output.is_dir() else None,
+        # RD-Agent's own look for a model (FTRunnerEvaluator.evaluate), word for word.
+        "rdagent_model_files": sorted(p.name for p in (
+            list(output.glob("*.safetensors")) + list(output.glob("*.bin")) + list(output.glob("adapter_*"))
+            if output.exists() else [])),
     }
 
 
