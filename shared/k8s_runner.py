@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import math
 import os
 import re
@@ -610,40 +611,61 @@ class PodWatch:
 
 
 def exec_in(api: Any, namespace: str, pod: str, container: str, command: Sequence[str], *,
-            stdin: io.BufferedIOBase | Any = None, stdout: Any = None) -> tuple[int, bytes, bytes]:
+            stdin: io.BufferedIOBase | Any = None, stdout: Any = None,
+            frame_timeout_s: float = 900.0) -> tuple[int, bytes, bytes]:
     """Run ``command`` in a container of ``pod`` (the API's exec, a websocket): feed it ``stdin``
     (a file, read to its end), write its stdout into ``stdout`` (a file) or return it; returns the
-    exit code, stdout (when not written to a file) and stderr."""
+    exit code, stdout (when not written to a file) and stderr.
+
+    The frames are read here, one at a time, straight into ``stdout``: the client's own buffering
+    joins every frame that has arrived into one bytes object, which for gigabytes of weights is
+    memory and time the worker does not have."""
     from kubernetes.stream import stream
 
     ws = stream(api.connect_get_namespaced_pod_exec, pod, namespace, container=container, command=list(command),
                 stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
     out = io.BytesIO()
     err = io.BytesIO()
-    sink = stdout if stdout is not None else out
     try:
         if stdin is not None:
             while block := stdin.read(_CHUNK):
                 ws.write_stdin(block)
-                _drain(ws, sink, err)
             ws.close_channel(0)  # the v5 protocol's end of stdin (the command reads a known length anyway)
-        while ws.is_open():
-            ws.update(timeout=1)
-            _drain(ws, sink, err)
-        _drain(ws, sink, err)
-        code = ws.returncode
+        status = _read_frames(ws.sock, stdout if stdout is not None else out, err, frame_timeout_s)
     finally:
         ws.close()
-    return int(code if code is not None else -1), out.getvalue(), err.getvalue()
+    if status.get("status") == "Success":
+        return 0, out.getvalue(), err.getvalue()
+    for cause in (status.get("details") or {}).get("causes") or []:
+        if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            return int(cause["message"]), out.getvalue(), err.getvalue()
+    err.write(f"\n[ftbus] exec failed: {status.get('message') or status or 'no status from the API server'}".encode())
+    return -1, out.getvalue(), err.getvalue()
 
 
-def _drain(ws: Any, sink: Any, err: io.BytesIO) -> None:
-    data = ws.read_stdout(timeout=0)
-    if data:
-        sink.write(data)
-    problem = ws.read_stderr(timeout=0)
-    if problem:
-        err.write(problem)
+def _read_frames(sock: Any, stdout: Any, err: io.BytesIO, timeout_s: float) -> dict[str, Any]:
+    """Channel frames until the server closes: 1 stdout, 2 stderr, 3 the exec's status (JSON)."""
+    from websocket import ABNF, WebSocketTimeoutException
+
+    sock.settimeout(timeout_s)
+    status: dict[str, Any] = {}
+    while True:
+        try:
+            opcode, frame = sock.recv_data_frame(True)
+        except WebSocketTimeoutException:
+            raise RuntimeError(f"exec: nothing from the API server for {timeout_s:g} s") from None
+        if opcode == ABNF.OPCODE_CLOSE:
+            return status
+        if opcode not in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) or not frame.data:
+            continue
+        data = frame.data if isinstance(frame.data, bytes) else frame.data.encode()
+        channel, payload = data[0], data[1:]
+        if channel == 1:
+            stdout.write(payload)
+        elif channel == 2:
+            err.write(payload)
+        elif channel == 3 and payload:
+            status = json.loads(payload)
 
 
 def _quantity(size: int) -> str:
