@@ -309,3 +309,23 @@ def test_the_keda_overlay_renders_and_its_scaled_objects_fit_kedas_crd() -> None
     for doc in docs:
         if doc["kind"] != "ScaledObject":
             kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+
+
+@needs_kubectl
+def test_no_pod_touches_its_node_and_none_runs_as_root() -> None:
+    """What Pod Security `baseline` (enforced on the namespace) refuses never appears, and every pod
+    runs as a non-root user with no privilege to gain."""
+    docs = _rendered()
+    namespace = _one(docs, "Namespace", "ftbus")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
+    assert len(pods) == 10
+    for pod in pods:
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+        assert all("hostPath" not in v for v in pod.get("volumes", []))
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and not context.get("privileged")
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert not any("hostPort" in port for port in container.get("ports", []))
