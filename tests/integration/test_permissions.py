@@ -323,8 +323,20 @@ async def test_the_agent_pulls_its_model_and_reads_no_other_object(
     one_request: Run, secured: SecuredServer, seeded: Settings, tmp_path: Path
 ) -> None:
     from ftbus.pull import pull
+    from services.aggregator.retention import Retention
+    from services.aggregator.store import RecordStore
+    from shared.retention import RANKING
 
     rid = one_request.request_id
+    # The aggregator's retention sweep, as its own user, a year on: the request leads its board
+    # (the only one on it), so its outputs stay, and its ranking is written beside them.
+    aggregate = await Bus.connect(seeded.model_copy(update={"nats_url": secured.url("aggregate")}),
+                                  name="ftbus-aggregate")
+    try:
+        assert await aggregate.guard(Retention(aggregate, RecordStore(aggregate)).sweep(now=time.time() + 3e7)) == []
+        assert await (await aggregate.models_artifacts()).stat(f"{rid}/{RANKING}") is not None
+    finally:
+        await aggregate.close()
     agent = seeded.model_copy(update={"nats_url": secured.url("agent")})
     async with await FtbusClient.connect(agent) as client:
         pulled = await pull(client, rid, tmp_path / "model")
