@@ -247,6 +247,8 @@ class KubernetesRunner:
             "terminationGracePeriodSeconds": int(self.kill_grace_s),
             "securityContext": {
                 "runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID, "fsGroup": SANDBOX_UID,
+                # Never a recursive chown of the assets claim at every run's start.
+                "fsGroupChangePolicy": "OnRootMismatch",
                 "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [
