@@ -422,6 +422,57 @@ def pull(
 
 
 @app.command()
+def compare(
+    first: Annotated[str, typer.Argument(help="A request id (the candidate), as printed by submit.")],
+    second: Annotated[str, typer.Argument(help="The request id it is compared with.")],
+    level: Annotated[float, typer.Option(
+        "--level", help="Confidence level of the interval; the p-value must be below 1 - level to call "
+        "one better.")] = 0.95,
+    as_json: JsonOpt = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """Is FIRST better than SECOND, or only luckier? The paired comparison of two requests on their
+    shared validation items (the verdicts' per-item outcomes; never the hidden test split).
+
+    It prints the difference FIRST - SECOND of the primary metric (each item's mean over its runs),
+    its confidence interval from a paired bootstrap over items (seeded: the same on every rerun),
+    and the p-value of McNemar's exact test (right/wrong items) or a paired permutation test
+    (graded ones): "FIRST is better than SECOND by +0.12 (95% CI +0.05 to +0.19, p = 0.002,
+    60 items)", or "not distinguishable". Requests without a verdict or per-item outcomes, on
+    different benchmarks, with different --num-runs or different items are refused, saying why.
+
+    Exit 0 when compared (whatever the result), 2 when refused, on bad usage or no server."""
+    if not 0.0 < level < 1.0:
+        err.print(f"[red]error:[/] --level {level}: a confidence level between 0 and 1 (exclusive), e.g. 0.95")
+        raise typer.Exit(2)
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from rich.markup import escape
+
+        from ftbus.bus_client import FtbusClient
+        from ftbus.compare import NotComparable, compare_requests
+
+        async with await FtbusClient.connect(settings) as client:
+            try:
+                result = await compare_requests(client, first, second, level=level)
+            except NotComparable as exc:
+                err.print(f"[red]error:[/] cannot compare: {escape(str(exc))}")
+                return 2
+        if as_json:
+            print(result.model_dump_json())
+            return 0
+        from ftbus.compare import describe_details
+
+        out.print(escape(result.summary), highlight=False, soft_wrap=True)
+        out.print(escape(describe_details(result)), highlight=False, soft_wrap=True, style="dim")
+        return 0
+
+    _run(main(), settings)
+
+
+@app.command()
 def status(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     as_json: JsonOpt = False,

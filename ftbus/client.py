@@ -40,6 +40,7 @@ from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
 
 if TYPE_CHECKING:
+    from ftbus.compare import RequestComparison
     from ftbus.pull import Pulled
 
 T = TypeVar("T")
@@ -224,6 +225,16 @@ class Client:
 
     async def status(self, request_id: str) -> RequestStatusView | None:
         return await self.connection.status(request_id)
+
+    async def compare(self, first: str, second: str, *, level: float = 0.95) -> RequestComparison:
+        """The paired comparison of two requests on their shared validation items (``first`` minus
+        ``second``; ``.summary`` says it in words, ``.paired`` has the interval and p-value). Raises
+        ``ftbus.compare.NotComparable`` saying why when they cannot be compared (no verdict or no
+        per-item outcomes yet, different benchmarks, runs per item or items). Blocking:
+        ``Client().run(lambda c: c.compare(a, b))``."""
+        from ftbus.compare import compare_requests
+
+        return await compare_requests(self.connection, first, second, level=level)
 
     async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
         await self.connection.cancel(request_id, reason)
