@@ -14,8 +14,10 @@ from datetime import datetime
 from typing import Any
 
 from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage, Verdict, VerdictResult
+from shared.paired import compare_scores
 from shared.records import RequestRecord
 from shared.retention import rank_key
+from shared.statistics import PairedComparison, intervals_overlap
 
 # The order of the stage cards and of the timeline.
 STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
@@ -276,7 +278,14 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
         "baseline_value": comparison.baseline_value if comparison else None,
         "difference": comparison.difference if comparison else None,
         "rows": _score_rows(bench, comparison.baseline if comparison else None),
+        # The paired comparison with the base model on the same items, and its words (or why there is none).
+        "paired": _paired_json(comparison.paired) if comparison and comparison.paired else None,
+        "summary": comparison.summary if comparison else None,
     }
+
+
+def _paired_json(paired: PairedComparison) -> dict[str, Any]:
+    return {**paired.model_dump(mode="json"), "direction": paired.direction}
 
 
 def hidden_test_view(scores: BenchmarkScores | None, error: str | None) -> dict[str, Any] | None:
@@ -354,14 +363,71 @@ def request_detail(
 # ---------------------------------------------------------------------- leaderboard
 
 LEADERBOARD_COLUMNS = (
-    "base_model", "benchmark", "rank", "request_id", "primary_metric", "validation", "baseline", "difference",
-    "test", "train_s", "final_decision", "status", "submitted_at",
+    "base_model", "benchmark", "rank", "request_id", "primary_metric", "validation", "ci_low", "ci_high",
+    "standing", "tie_basis", "vs_leader_difference", "vs_leader_ci_low", "vs_leader_ci_high", "vs_leader_p_value",
+    "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status", "submitted_at",
 )
+#: The level of every interval on the leaderboard; z its normal quantile (mean +- z * stderr).
+LEADERBOARD_LEVEL = 0.95
+_Z = 1.959963984540054
+# Paired comparisons with a leader, by (request, leader): both verdicts are final, so the result is too.
+_PAIRED_CACHE: dict[tuple[str, str], tuple[PairedComparison | None, str]] = {}
+_PAIRED_CACHE_MAX = 4096
+
+
+def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
+    """The mean over items +- 1.96 standard errors, when the scores say both (``overall``)."""
+    overall = scores.overall
+    if overall is None or overall.items < 2:
+        return None
+    return overall.mean - _Z * overall.stderr, overall.mean + _Z * overall.stderr
+
+
+def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_scores: BenchmarkScores,
+                        final: bool) -> tuple[PairedComparison | None, str]:
+    key = (rid, leader)
+    if key in _PAIRED_CACHE:
+        return _PAIRED_CACHE[key]
+    result = compare_scores(scores, leader_scores, level=LEADERBOARD_LEVEL, other_name="the leader")
+    if final:
+        if len(_PAIRED_CACHE) >= _PAIRED_CACHE_MAX:
+            _PAIRED_CACHE.clear()
+        _PAIRED_CACHE[key] = result
+    return result
+
+
+def _mark_ties(rows: list[dict[str, Any]], scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> None:
+    """Each row's standing against the board's leader (its first row): ``tied`` when the two cannot be told
+    apart, by the paired comparison on their shared items where both have per-item outcomes (the sharper
+    test), else by their own intervals overlapping; ``behind`` (or, rarely, ``ahead``: ranked by the point
+    score, better on the pooled items) beyond noise; None when there is nothing to tell it by."""
+    leader = rows[0]
+    leader["standing"], leader["tie_basis"], leader["vs_leader"], leader["vs_leader_note"] = "leader", None, None, None
+    lid = leader["request_id"]
+    for row in rows[1:]:
+        rid = row["request_id"]
+        paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
+        row["vs_leader"], row["vs_leader_note"] = None, None
+        if paired is not None:
+            row["vs_leader"] = {**_paired_json(paired), "summary": words}
+            row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
+            row["tie_basis"] = "paired"
+            continue
+        row["vs_leader_note"] = words
+        mine, theirs = row["interval"], leader["interval"]
+        if mine is None or theirs is None:
+            row["standing"], row["tie_basis"] = None, None
+        else:
+            row["standing"] = "tied" if intervals_overlap(tuple(mine), tuple(theirs)) else "behind"
+            row["tie_basis"] = "intervals"
 
 
 def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
-    """One board per (base model, benchmark): candidates with a validation score, best first."""
+    """One board per (base model, benchmark): candidates with a validation score, best first, each with
+    its interval and its standing against the leader (``_mark_ties``)."""
     boards: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    scores: dict[str, BenchmarkScores] = {}
+    final: dict[str, bool] = {}
     better: dict[tuple[str, str], bool] = {}
     metric: dict[tuple[str, str], str | None] = {}
     scorer: dict[tuple[str, str], str | None] = {}
@@ -379,9 +445,12 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
         better[key] = result.benchmark.higher_is_better
         metric[key] = result.benchmark.primary_metric
         scorer[key] = result.benchmark.scorer
+        scores[record.request_id], final[record.request_id] = result.benchmark, record.terminal
+        interval = _own_interval(result.benchmark)
         boards.setdefault(key, []).append({
             "request_id": record.request_id,
             "validation": value,
+            "interval": list(interval) if interval else None,
             "baseline": comparison.baseline_value if comparison else None,
             "difference": comparison.difference if comparison else None,
             "test": test.primary_value if test else None,
@@ -397,6 +466,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
                                                                           r["request_id"]))
         for rank, row in enumerate(rows, 1):
             row["rank"] = rank
+        _mark_ties(rows, scores, final)
         out.append({
             "base_model": key[0],
             "benchmark": key[1],
@@ -418,6 +488,15 @@ def leaderboard_csv(boards: list[dict[str, Any]]) -> str:
                 "base_model": board["base_model"],
                 "benchmark": board["benchmark"],
                 "primary_metric": board["primary_metric"],
-                **{k: ("" if v is None else v) for k, v in row.items() if k in LEADERBOARD_COLUMNS},
+                **{k: ("" if v is None else v) for k, v in _flat_row(row).items() if k in LEADERBOARD_COLUMNS},
             })
     return buffer.getvalue()
+
+
+def _flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A leaderboard row with its intervals as plain columns, for the CSV."""
+    interval, paired = row.get("interval"), row.get("vs_leader")
+    flat = {**row, "ci_low": interval[0] if interval else None, "ci_high": interval[1] if interval else None}
+    for name in ("difference", "ci_low", "ci_high", "p_value", "items"):
+        flat[f"vs_leader_{name}"] = paired[name] if paired else None
+    return flat

@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,15 @@ async def test_request_page_draws_the_loss_curve_live_then_complete(env: Env, pa
     # Which scorer made those numbers (tiny-arith: lm-eval's exact match).
     assert bench.scorer == "exact"
     assert await _text(page, "#validation-scorer") == "scorer: exact"
+    # The paired comparison with the base model on the same items: its words, difference, interval, p, items.
+    paired = base.paired
+    assert paired is not None and base.summary is not None
+    assert await _text(page, "#paired-summary") == base.summary
+    assert await page.get_attribute("#paired", "data-direction") == paired.direction
+    cells = await page.eval_on_selector_all("#paired-table tbody td", "tds => tds.map(t => t.textContent)")
+    p_text = "< 0.001" if paired.p_value < 0.001 else f"{paired.p_value:.3f}"
+    assert cells[:4] == [f"{paired.difference:+.4f}", f"{paired.ci_low:+.4f} to {paired.ci_high:+.4f}", p_text,
+                         str(paired.items)]
     # The hidden test split, as the report (read with the dashboard's own user) has it.
     assert report.benchmark_test is not None
     for subset, metrics in report.benchmark_test.accuracy_summary.items():
@@ -356,8 +366,29 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     best_cells = await page.eval_on_selector_all(f"{board} tr[data-request-id='{best}'] td",
                                                  "tds => tds.map(t => t.textContent)")
     b = verdicts[best].result.baseline
-    assert best_cells[2:6] == [f"{b.candidate_value:.4f}", f"{b.baseline_value:.4f}", f"{b.difference:+.4f}",
+    assert best_cells[2] == f"{b.candidate_value:.4f}"
+    assert best_cells[5:8] == [f"{b.baseline_value:.4f}", f"{b.difference:+.4f}",
                                f"{reports[best].benchmark_test.primary_value:.4f}"]
+    # Intervals: the leader's own (mean +- 1.96 standard errors); the others' paired difference from the
+    # leader on the same items. Answering half or a third of the items is beyond noise: behind, not tied.
+    overall = verdicts[best].result.benchmark.overall
+    assert overall is not None
+    z = 1.959963984540054
+    assert best_cells[3] == f"[{overall.mean - z * overall.stderr:.4f}, {overall.mean + z * overall.stderr:.4f}]"
+    assert best_cells[4] == "leader"
+    standing = await page.eval_on_selector_all(f"{board} tbody tr", "rs => rs.map(r => r.dataset.standing)")
+    assert dict(zip(order, standing, strict=True))[best] == "leader"
+    from shared.paired import compare_scores
+
+    for rid in (middle, weak):
+        row = f"{board} tr[data-request-id='{rid}']"
+        assert await page.get_attribute(row, "data-standing") == "behind"
+        assert await page.get_attribute(row, "data-tie-basis") == "paired"
+        paired, _ = compare_scores(verdicts[rid].result.benchmark, verdicts[best].result.benchmark)
+        assert paired is not None and paired.ci_high < 0
+        shown = " ".join((await _text(page, f"{row} td.vs-leader")).split())
+        assert shown.startswith(f"{paired.difference:+.4f} [{paired.ci_low:+.4f}, {paired.ci_high:+.4f}]"), shown
+        assert shown.endswith(f"{paired.items} items") and await _text(page, f"{row} td.rank") != "=1"
     await page.screenshot(path=str(env.shots / "leaderboard.png"), full_page=True)
 
     # Exports: the same ranking.
@@ -368,6 +399,49 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     assert [r["request_id"] for r in exported["boards"][0]["rows"]] == order
     link = await page.get_attribute(f"{board} tr[data-request-id='{best}'] a", "href")
     assert link == f"/requests/{best}"
+    assert rows[0]["standing"] == "leader" and {r["standing"] for r in rows if r["request_id"] in (middle, weak)} == {
+        "behind"}
+    assert exported["boards"][0]["rows"][0]["interval"] is not None
+
+
+async def test_the_leaderboard_marks_a_candidate_inside_the_leaders_noise_as_tied(env: Env, page: Any) -> None:
+    """Three finished requests as the aggregator leaves them (per-item outcomes in their verdicts): one
+    answers a single item fewer than the leader (noise: tied, rank =1), one twenty fewer (behind)."""
+    from shared.events import BenchmarkScores, RunStats, Verdict, VerdictResult
+    from shared.records import RequestRecord
+    from shared.statistics import mean_stderr
+
+    bench = "noise-" + secrets.token_hex(3)
+    task = TaskSpec(base_model="tiny-standin", benchmark=bench)
+    kv = await env.pipeline.bus.kv(env.pipeline.bus.subjects.kv_requests)  # type: ignore[union-attr]
+    ids = {}
+    for minute, (name, right) in enumerate((("lead", 30), ("close", 29), ("far", 10))):
+        rid = f"{name}-{secrets.token_hex(3)}"
+        ids[name] = rid
+        outcomes = [1.0] * right + [0.0] * (40 - right)
+        mean, stderr = mean_stderr(outcomes)
+        scores = BenchmarkScores(accuracy_summary={"a": {"exact_match": mean}}, primary_metric="exact_match",
+                                 primary_value=mean, item_scores={"a": {str(i): [v] for i, v in enumerate(outcomes)}},
+                                 overall=RunStats(items=40, num_runs=1, mean=mean, stderr=stderr))
+        verdict = Verdict(request_id=rid, status="completed", execution="ok", return_checking="", code="",
+                          final_decision=True, result=VerdictResult(benchmark=scores))
+        record = RequestRecord(request_id=rid, status="completed", task=task, verdict=verdict, verdict_published=True,
+                               report_published=True, final_decision=True,
+                               submitted_at=datetime(2026, 1, 1, 0, minute, tzinfo=UTC))
+        await kv.put(rid, record.stored_json())
+    await page.goto(env.url + "/leaderboard")
+    board = f"section.board[data-benchmark='{bench}']"
+    await page.wait_for_selector(f"{board} tr[data-request-id='{ids['far']}']", timeout=WAIT_MS)
+    assert await _rows(page, f"{board} tbody tr") == [ids["lead"], ids["close"], ids["far"]]
+    standing = await page.eval_on_selector_all(f"{board} tbody tr", "rs => rs.map(r => r.dataset.standing)")
+    assert standing == ["leader", "tied", "behind"]
+    ranks = await page.eval_on_selector_all(f"{board} td.rank", "ts => ts.map(t => t.textContent)")
+    assert ranks == ["1", "=1", "3"]
+    close = " ".join((await _text(page, f"{board} tr[data-request-id='{ids['close']}'] td.vs-leader")).split())
+    assert close.startswith("tied -0.0250 [-") and close.endswith("p = 1.000, 40 items"), close
+    far = " ".join((await _text(page, f"{board} tr[data-request-id='{ids['far']}'] td.vs-leader")).split())
+    assert far.startswith("-0.5000 [-0.") and "p < 0.001" in far, far
+    await page.screenshot(path=str(env.shots / "leaderboard-ties.png"), full_page=True)
 
 
 async def test_a_new_request_appears_without_a_reload(env: Env, page: Any) -> None:

@@ -216,3 +216,75 @@ def test_request_detail_says_what_sandbox_the_code_ran_in_and_what_its_llm_calls
     assert views.request_detail(record)["sandbox"] == "local"
     record.judge = None
     assert views.request_detail(record)["sandbox"] is None
+
+
+# ---------------------------------------------------------------------- intervals and ties on the leaderboard
+
+
+def itemised(rid: str, outcomes: list[float], *, minute: int = 0, ids: list[str] | None = None) -> RequestRecord:
+    """A completed request whose verdict has per-item outcomes (one run each) and their mean and stderr."""
+    from shared.events import RunStats
+    from shared.statistics import mean_stderr
+
+    record = completed(rid, sum(outcomes) / len(outcomes), minute=minute)
+    mean, stderr = mean_stderr(outcomes)
+    bench = record.verdict.result.benchmark
+    bench.item_scores = {"a": {i: [v] for i, v in zip(ids or [str(n) for n in range(len(outcomes))], outcomes,
+                                                       strict=True)}}
+    bench.overall = RunStats(items=len(outcomes), num_runs=1, mean=mean, stderr=stderr)
+    return record
+
+
+def test_a_candidate_inside_the_noise_of_the_leader_is_tied_by_the_paired_comparison() -> None:
+    leader = itemised("lb-lead", [1.0] * 30 + [0.0] * 10, minute=1)
+    close = itemised("lb-close", [1.0] * 29 + [0.0] * 11, minute=2)  # one item fewer right: noise
+    far = itemised("lb-far", [1.0] * 10 + [0.0] * 30, minute=3)  # 20 items fewer, none more
+    rows = views.leaderboard([far, close, leader])[0]["rows"]
+    assert [r["request_id"] for r in rows] == ["lb-lead", "lb-close", "lb-far"]
+    assert [r["standing"] for r in rows] == ["leader", "tied", "behind"]
+    assert [r["tie_basis"] for r in rows] == [None, "paired", "paired"]
+    assert rows[0]["vs_leader"] is None
+    tied, behind = rows[1]["vs_leader"], rows[2]["vs_leader"]
+    assert tied["difference"] == -0.025 and tied["ci_low"] <= 0 <= tied["ci_high"] and tied["p_value"] == 1.0
+    assert tied["items"] == 40 and tied["summary"].startswith("not distinguishable from the leader")
+    assert behind["difference"] == -0.5 and behind["ci_high"] < 0 and behind["p_value"] < 0.001
+    assert behind["summary"].startswith("worse than the leader by -0.50")
+    # Each row's own interval: the mean over items +- 1.96 standard errors.
+    lo, hi = rows[0]["interval"]
+    assert lo < 0.75 < hi and abs((hi - lo) / 2 - 1.96 * (0.75 * 0.25 / 39) ** 0.5) < 1e-3
+    # The exports carry the same: the CSV as plain columns.
+    csv_rows = list(csv.DictReader(io.StringIO(views.leaderboard_csv(views.leaderboard([far, close, leader])))))
+    assert [r["standing"] for r in csv_rows] == ["leader", "tied", "behind"]
+    assert float(csv_rows[1]["vs_leader_difference"]) == -0.025 and csv_rows[0]["vs_leader_difference"] == ""
+    assert float(csv_rows[2]["vs_leader_ci_high"]) == behind["ci_high"] and csv_rows[2]["vs_leader_items"] == "40"
+    assert float(csv_rows[0]["ci_low"]) == lo and float(csv_rows[0]["ci_high"]) == hi
+
+
+def test_without_shared_items_the_tie_falls_back_on_overlapping_intervals() -> None:
+    leader = itemised("lb2-lead", [1.0] * 16 + [0.0] * 4, minute=1)
+    # Other items (another version of the benchmark, say): no pairing, so the two intervals decide.
+    overlapping = itemised("lb2-near", [1.0] * 14 + [0.0] * 6, minute=2, ids=[f"x{i}" for i in range(20)])
+    apart = itemised("lb2-apart", [1.0] * 1 + [0.0] * 19, minute=3, ids=[f"y{i}" for i in range(20)])
+    unknown = completed("lb2-plain", 0.1, minute=4)  # no per-item outcomes and no standard error
+    rows = views.leaderboard([leader, overlapping, apart, unknown])[0]["rows"]
+    by_id = {r["request_id"]: r for r in rows}
+    assert by_id["lb2-near"]["standing"] == "tied" and by_id["lb2-near"]["tie_basis"] == "intervals"
+    assert "0 shared" in by_id["lb2-near"]["vs_leader_note"] and by_id["lb2-near"]["vs_leader"] is None
+    assert by_id["lb2-apart"]["standing"] == "behind" and by_id["lb2-apart"]["tie_basis"] == "intervals"
+    assert by_id["lb2-plain"]["standing"] is None and by_id["lb2-plain"]["interval"] is None
+    assert "has no per-item outcomes" in by_id["lb2-plain"]["vs_leader_note"]
+
+
+def test_the_request_page_has_the_paired_comparison_with_the_base_model_in_words() -> None:
+    from shared.paired import compare_scores
+
+    record = itemised("lb3-req", [1.0] * 12 + [0.0] * 8)
+    comparison = record.verdict.result.baseline
+    base = itemised("lb3-base", [1.0] * 2 + [0.0] * 18).verdict.result.benchmark
+    comparison.baseline = base
+    comparison.paired, comparison.summary = compare_scores(record.verdict.result.benchmark, base)
+    shown = views.request_detail(record)["validation"]
+    assert shown["summary"] == comparison.summary and shown["summary"].startswith("better than the base model by +0.50")
+    assert shown["paired"]["difference"] == 0.5 and shown["paired"]["items"] == 20
+    assert shown["paired"]["direction"] == "better" and shown["paired"]["test"] == "mcnemar"
+    assert views.request_detail(completed("lb3-none", 0.5))["validation"]["paired"] is None

@@ -60,8 +60,31 @@
           el("td", { class: "num", text: FT.num(v.candidate_value) }), el("td", { class: "num", text: FT.num(v.baseline_value) }),
           el("td", { class: "num " + (v.difference > 0 ? "up" : v.difference < 0 ? "down" : ""), text: FT.signed(v.difference) })))),
       el("p", { class: "scorer", id: "validation-scorer", text: "scorer: " + (v.scorer || "–") }),
+      pairedComparison(v.paired, v.summary),
       ...(v.notes || []).map((n) => el("p", { class: "note", text: n })),
     ];
+  }
+
+  // A paired difference or interval end, signed as the verdict's words sign it (+0.0000 too).
+  function sg(x) { return (x >= 0 ? "+" : "") + FT.num(x); }
+
+  // The paired comparison with the base model on the same items: the words, then the numbers they rest on.
+  function pairedComparison(p, summary) {
+    if (!p) return summary ? el("p", { class: "muted", id: "paired-summary", text: summary }) : null;
+    const cls = p.direction === "better" ? "up" : p.direction === "worse" ? "down" : "";
+    const pText = p.p_value < 0.001 ? "< 0.001" : p.p_value.toFixed(3);
+    const test = p.test === "mcnemar" ? `McNemar's exact test (${p.candidate_only} items only the candidate got right, ${p.baseline_only} only the base model)`
+      : "paired permutation test";
+    return el("div", { id: "paired", "data-direction": p.direction },
+      el("p", { id: "paired-summary", class: "paired " + cls, text: summary || "" }),
+      el("table", { class: "grid", id: "paired-table" },
+        el("thead", {}, el("tr", {}, ...["difference", `${Math.round(p.level * 100)}% CI`, "p", "items", "test"].map((h) => el("th", { text: h })))),
+        el("tbody", {}, el("tr", {},
+          el("td", { class: "num " + cls, text: sg(p.difference) }),
+          el("td", { class: "num ci", text: `${sg(p.ci_low)} to ${sg(p.ci_high)}` }),
+          el("td", { class: "num p", text: pText }),
+          el("td", { class: "num items", text: p.items }),
+          el("td", { class: "muted", text: `${test}; bootstrap seed ${p.seed}` })))));
   }
 
   function testTable(t) {
