@@ -622,12 +622,22 @@ def exec_in(api: Any, namespace: str, pod: str, container: str, command: Sequenc
     The frames are read here, one at a time, straight into ``stdout``: the client's own buffering
     joins every frame that has arrived into one bytes object, which for gigabytes of weights is
     memory and time the worker does not have."""
+    from kubernetes import client
     from kubernetes.stream import stream
 
-    ws = stream(api.connect_get_namespaced_pod_exec, pod, namespace, container=container, command=list(command),
-                stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False, binary=True)
+    # A client of its own: stream() swaps the transport of the ApiClient it is given while it
+    # connects, and any call that another thread makes through that ApiClient meanwhile (the other
+    # split's create, delete, watch) would go out as a websocket.
+    own = client.ApiClient(api.api_client.configuration)
     out = io.BytesIO()
     err = io.BytesIO()
+    try:
+        ws = stream(client.CoreV1Api(own).connect_get_namespaced_pod_exec, pod, namespace, container=container,
+                    command=list(command), stdin=stdin is not None, stdout=True, stderr=True, tty=False,
+                    _preload_content=False, binary=True)
+    except BaseException:
+        own.close()
+        raise
     try:
         if stdin is not None:
             while block := stdin.read(_CHUNK):
@@ -636,6 +646,7 @@ def exec_in(api: Any, namespace: str, pod: str, container: str, command: Sequenc
         status = _read_frames(ws.sock, stdout if stdout is not None else out, err, frame_timeout_s)
     finally:
         ws.close()
+        own.close()
     if status.get("status") == "Success":
         return 0, out.getvalue(), err.getvalue()
     for cause in (status.get("details") or {}).get("causes") or []:

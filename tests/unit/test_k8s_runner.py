@@ -279,3 +279,24 @@ def test_sandbox_kubernetes_gives_workers_the_pod_runner(cluster: tuple[FakeKube
     with pytest.raises(SandboxUnavailable, match="FTBUS_BENCH_ENGINE=cold"):
         make_runner(settings.model_copy(update={"bench_engine": "warm"}), "bench")
     assert isinstance(make_runner(settings.model_copy(update={"bench_engine": "cold"}), "bench"), KubernetesRunner)
+
+
+async def test_runs_at_once_on_one_runner_do_not_cross(cluster: tuple[FakeKubernetes, Path], tmp_path: Path) -> None:
+    """The benchmark runs its splits at once through one runner: an exec of one run must not turn
+    another run's API calls into websockets (the client's stream() swaps its ApiClient's transport)."""
+    server, assets = cluster
+    runner = _runner(server, assets)
+    folders = []
+    for i in range(4):
+        folder = tmp_path / f"split-{i}"
+        folder.mkdir()
+        (folder / "input.txt").write_text(f"split {i}\n" * 2000)
+        folders.append(folder)
+    runs = await asyncio.gather(*(
+        runner.run(["sh", "-c", "cp input.txt output.txt"], cwd=folder, timeout_s=60,
+                   log_path=folder.parent / f"{i}.log")
+        for i, folder in enumerate(folders)))
+    assert [run.exit_code for run in runs] == [0, 0, 0, 0]
+    for i, folder in enumerate(folders):
+        assert (folder / "output.txt").read_text() == f"split {i}\n" * 2000
+    assert not server.pods
