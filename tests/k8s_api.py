@@ -7,12 +7,21 @@ chunked stream); exec (a websocket with the ``v5.channel.k8s.io``/``v4.channel.k
 protocol: stdin 0, stdout 1, stderr 2, the status on 3, a v5 close of stdin); and create, read,
 replace a Secret (``stringData`` stored as base64 ``data``, a stale ``resourceVersion`` refused).
 
-Its "kubelet" runs each container of a pod as a local process: each volume is a folder, and every
-mount path in the container's command, working folder and environment is rewritten to its folder.
-So what runs is real (the runner's tar streams, the candidate's shell), but nothing is isolated,
-no image is pulled, and no limit applies: those parts are Kubernetes' own and are proven only on a
-real cluster (docs/sandbox.md). A container killed by SIGKILL reports ``OOMKilled``, as the
-kubelet does for a container the kernel killed for memory.
+Its "kubelet" runs each container of a pod in one of two ways:
+
+- ``runtime="process"``: as a local process; each volume is a folder, and every mount path in the
+  container's command, working folder and environment is rewritten to its folder. What runs is
+  real (the runner's tar streams, the candidate's shell), but nothing is isolated and no image is
+  used. A container killed by SIGKILL reports ``OOMKilled``, as the kubelet does for a container
+  the kernel killed for memory;
+- ``runtime="docker"``: as a container of the local Docker engine, from the pod's image, as the
+  kubelet would ask a container runtime: its user and fsGroup, read-only root, every capability
+  dropped, no privilege escalation, its memory limit (an OOM kill is the kernel's), its mounts at
+  their paths (read-only where asked), no network (what the deny-all NetworkPolicy gives a run's
+  pod); exec is `docker exec`, the log `docker logs`.
+
+Neither is a kubelet: scheduling, image pulls, a network plugin's policies, RuntimeClasses and
+device plugins are Kubernetes' own and are proven only on a real cluster (docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -67,6 +77,7 @@ class Container:
         self.name: str = spec["name"]
         self.log = pod.root / f"{self.name}.log"
         self.proc: asyncio.subprocess.Process | None = None
+        self.container_id = ""
         self.mounts = sorted(self._mounts(), key=lambda m: -len(m[0]))
         names = "|".join(re.escape(m) for m, _ in self.mounts)
         self._pattern = re.compile(rf"(?<![\w.-])({names})(?=/|$|[^\w.-])") if self.mounts else None
@@ -97,7 +108,38 @@ class Container:
     def cwd(self) -> str:
         return self.host(self.spec.get("workingDir", str(self.pod.root)))
 
+    def docker_run_argv(self) -> list[str]:
+        """`docker run` of this container, as a kubelet would ask a container runtime."""
+        pod_context = self.pod.body["spec"].get("securityContext", {})
+        context = {**pod_context, **self.spec.get("securityContext", {})}
+        argv = ["docker", "run", "-d", "--network", "none", "--label", f"ftbus.test-kubelet={self.pod.server.tag}"]
+        if "runAsUser" in context:
+            argv += ["--user", f"{context['runAsUser']}:{context.get('runAsGroup', context['runAsUser'])}"]
+        if "fsGroup" in pod_context:
+            argv += ["--group-add", str(pod_context["fsGroup"])]
+        if context.get("readOnlyRootFilesystem"):
+            argv.append("--read-only")
+        if "ALL" in context.get("capabilities", {}).get("drop", []):
+            argv += ["--cap-drop", "ALL"]
+        if context.get("allowPrivilegeEscalation") is False:
+            argv += ["--security-opt", "no-new-privileges"]
+        memory = self.spec.get("resources", {}).get("limits", {}).get("memory")
+        if memory and str(memory).isdigit():
+            argv += ["--memory", str(memory), "--memory-swap", str(memory)]
+        read_only = {m["mountPath"]: m.get("readOnly", False) for m in self.spec.get("volumeMounts", [])}
+        for mount_path, folder in self.mounts:
+            argv += ["-v", f"{folder}:{mount_path}" + (":ro" if read_only.get(mount_path) else "")]
+        for item in self.spec.get("env", []):
+            argv += ["-e", f"{item['name']}={item.get('value', '')}"]
+        if self.spec.get("workingDir"):
+            argv += ["-w", self.spec["workingDir"]]
+        command = [*self.spec.get("command", []), *self.spec.get("args", [])]
+        return [*argv, "--entrypoint", command[0], self.spec["image"], *command[1:]]
+
     async def start(self) -> None:
+        if self.pod.server.runtime == "docker":
+            await self._start_in_docker()
+            return
         argv = [self.host(a) for a in [*self.spec.get("command", []), *self.spec.get("args", [])]]
         with self.log.open("wb") as out:
             self.proc = await asyncio.create_subprocess_exec(
@@ -106,6 +148,36 @@ class Container:
             )
         self.pod.set_state(self.name, {"running": {"startedAt": _now()}})
         self.pod.server.tasks.append(asyncio.ensure_future(self._wait()))
+
+    async def _start_in_docker(self) -> None:
+        for _, folder in self.mounts:
+            if self.pod.root in folder.parents:
+                folder.chmod(0o777)  # as a kubelet makes an emptyDir
+        try:
+            self.container_id = (await _run(*self.docker_run_argv())).strip()
+        except RuntimeError as exc:
+            self.pod.set_state(self.name, {"waiting": {"reason": "CreateContainerError", "message": str(exc)}})
+            return
+        with self.log.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                "docker", "logs", "-f", self.container_id, stdout=log, stderr=log, start_new_session=True)
+        self.pod.set_state(self.name, {"running": {"startedAt": _now()}})
+        self.pod.server.tasks.append(asyncio.ensure_future(self._wait_in_docker()))
+
+    async def _wait_in_docker(self) -> None:
+        code = int((await _run("docker", "wait", self.container_id)).strip() or -1)
+        oom = (await _run("docker", "inspect", "-f", "{{.State.OOMKilled}}", self.container_id)).strip() == "true"
+        assert self.proc is not None
+        await self.proc.wait()  # `docker logs -f` ends with the container: the log file is complete
+        if self.pod.deleted:
+            return
+        reason = "OOMKilled" if oom else "Completed" if code == 0 else "Error"
+        self.pod.set_state(self.name, {"terminated": {"exitCode": code, "reason": reason, "finishedAt": _now()}})
+
+    def exec_argv(self, command: list[str], with_stdin: bool) -> list[str]:
+        if self.pod.server.runtime == "docker":
+            return ["docker", "exec", *(["-i"] if with_stdin else []), self.container_id, *command]
+        return [self.host(c) for c in command]
 
     async def _wait(self) -> None:
         assert self.proc is not None
@@ -119,6 +191,8 @@ class Container:
         self.pod.set_state(self.name, {"terminated": {"exitCode": code, "reason": reason, "finishedAt": _now()}})
 
     def kill(self) -> None:
+        if self.container_id:
+            subprocess.run(["docker", "rm", "-f", self.container_id], capture_output=True, timeout=120, check=False)
         if self.proc is not None and self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -174,8 +248,11 @@ class FakeKubernetes:
     """The server; ``url`` for the client's ``Configuration.host``. ``claims``: PVC name -> folder;
     ``path``: the PATH every container gets (an image's own, e.g. with its toolchain first)."""
 
-    def __init__(self, root: Path, claims: dict[str, Path] | None = None, path: str | None = None) -> None:
+    def __init__(self, root: Path, claims: dict[str, Path] | None = None, path: str | None = None,
+                 runtime: str = "process") -> None:
         self.root = root
+        self.runtime = runtime
+        self.tag = uuid.uuid4().hex[:12]  # labels its Docker containers
         self.claims = dict(claims or {})
         self.path = path or os.environ.get("PATH", "/usr/bin:/bin")
         self.missing_images: set[str] = set()
@@ -201,7 +278,7 @@ class FakeKubernetes:
     def stop(self) -> None:
         async def down() -> None:
             for pod in self.pods.values():
-                pod.delete()
+                await asyncio.to_thread(pod.delete)
             for queue in self._watchers:
                 queue.put_nowait(("STOP", {}))  # end every open watch: the server is going away
             await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 20)
@@ -275,7 +352,7 @@ class FakeKubernetes:
         pod = self.pods.pop((request.match_info["ns"], request.match_info["name"]), None)
         if pod is None:
             return _status(404, "NotFound", f'pods "{request.match_info["name"]}" not found')
-        pod.delete()
+        await asyncio.to_thread(pod.delete)
         self.publish("DELETED", pod)
         shutil.rmtree(pod.root, ignore_errors=True)
         return web.json_response(pod.body)
@@ -347,7 +424,9 @@ class FakeKubernetes:
         await ws.prepare(request)
         with_stdin = request.query.get("stdin") in ("true", "1", "True")
         proc = await asyncio.create_subprocess_exec(
-            *[container.host(c) for c in command], cwd=container.cwd(), env=container.environment(),
+            *container.exec_argv(command, with_stdin),
+            cwd=container.cwd() if self.runtime == "process" else None,
+            env=container.environment() if self.runtime == "process" else None,
             stdin=asyncio.subprocess.PIPE if with_stdin else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
@@ -422,3 +501,11 @@ class FakeKubernetes:
         body["metadata"]["uid"] = self.secrets[key]["metadata"]["uid"]
         self.secrets[key] = self._stored(key[0], body)
         return web.json_response(self.secrets[key])
+
+
+async def _run(*argv: str) -> str:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])}: {err.decode(errors='replace').strip()}")
+    return out.decode()
