@@ -198,7 +198,7 @@ async def _code_scores(
     style = spec.code_style or "humaneval"
     # One sample per row (an item's runs are rows of their own): keyed by the row, as an item repeats.
     samples = [
-        CodeSample(key=f"{subset}:{k}", program=build_program(style, item, strip_think(g.output)))
+        CodeSample(key=f"{subset}:{k}", program=build_program(style, item, strip_think(g.output, keep_indent=True)))
         for subset, rows in pairs.items() for k, (item, g) in enumerate(rows)
     ]
     outcomes = {o.key: o for o in await executor.run(samples)}

@@ -34,18 +34,22 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _THINK_CLOSE = "</think>"
 
 
-def strip_think(text: str) -> str:
+def strip_think(text: str, *, keep_indent: bool = False) -> str:
     """The answer without the reasoning: everything up to the last ``</think>`` goes.
 
     An opened ``<think>`` that never closes means the model was still thinking when it stopped
     (usually its token budget): there is no answer, so the result is "" rather than the thinking,
     which would otherwise be scored (a number in the reasoning would count as the answer).
+    ``keep_indent``: only blank lines go from the start, not the first line's indentation (a
+    HumanEval completion continues a function's body: its leading spaces are code).
     """
     end = text.rfind(_THINK_CLOSE)
     if end >= 0:
-        return text[end + len(_THINK_CLOSE):].strip()
-    if "<think>" in text:
+        text = text[end + len(_THINK_CLOSE):]
+    elif "<think>" in text:
         return ""
+    if keep_indent:
+        return re.sub(r"\A(?:[ \t]*\r?\n)+", "", text).rstrip()
     return text.strip()
 
 
