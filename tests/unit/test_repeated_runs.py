@@ -14,7 +14,8 @@ import yaml
 
 from services.benchmark.grading import grade_split
 from services.benchmark.inference import InferenceConfig, InferenceError, inference_for
-from services.benchmark.lmeval import parse_lm_eval_output, render_task_config, task_name
+from services.benchmark.lmeval import parse_lm_eval_output, prepare_lm_eval_run, render_task_config, task_name
+from services.benchmark.models import select_model
 from services.benchmark.registry import BenchmarkError, load_benchmark
 from services.benchmark.runs import effective_runs, run_stats
 from services.benchmark.service import baseline_key
@@ -147,6 +148,19 @@ def test_num_runs_from_the_request_then_the_benchmark(settings: Settings) -> Non
     task = render_task_config(spec, "main", Path("/x.jsonl"), InferenceConfig(num_runs=4))
     assert task["repeats"] == 4
     assert "repeats" not in render_task_config(spec, "main", Path("/x.jsonl"), InferenceConfig())
+
+
+def test_the_cold_path_batches_an_item_s_runs_too(tmp_path: Path) -> None:
+    spec = load_benchmark(FIXTURES / "assets", "tiny-arith")
+    manifest = make_split(spec, "validation", 100)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    model = select_model(model_dir, None)
+    run = prepare_lm_eval_run(spec, manifest, tmp_path / "run", lm_eval="lm_eval", model=model,
+                              inference=InferenceConfig(num_runs=4))
+    assert run.argv[run.argv.index("--batch_size") + 1] == "4"
+    task = yaml.safe_load((tmp_path / "run" / "tasks" / f"{run.tasks[0]}.yaml").read_text())
+    assert task["repeats"] == 4
 
 
 def test_log_likelihood_benchmarks_run_once(settings: Settings) -> None:
