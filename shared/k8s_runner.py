@@ -48,6 +48,7 @@ import structlog
 
 from shared.docker_runner import BASE_ENV, _pump, parse_size  # the same output pump as a container's
 from shared.logs import get_logger
+from shared.quota import EXIT_QUOTA
 from shared.runner import EXIT_CANCELLED, EXIT_OOM_KILLED, EXIT_TIMEOUT, LineCallback, RunOutput, RunResult, check_run
 from shared.sandbox import ALL_GPUS, Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
 
@@ -391,6 +392,9 @@ class KubernetesRunner:
             if how == "cancel":
                 output.note("killed on request: the run was cancelled")
                 return result(EXIT_CANCELLED, how=how)
+            if how == "evicted":
+                output.note(f"evicted by the kubelet: {state} (exit {EXIT_QUOTA}, as for a run over its disk quota)")
+                return result(EXIT_QUOTA)
             exit_code = int(state.exit_code)
             oom = state.reason == "OOMKilled"
             skipped = await asyncio.to_thread(self._copy_out, name, cwd)
@@ -462,11 +466,15 @@ class KubernetesRunner:
                 if pump.done() and pump.exception() is not None:
                     pump.result()  # the on_line callback failed
                 pod = watch.latest
+                if pod is not None and pod.status.reason == "Evicted":
+                    # Over its working volume's size (the disk quota) or the node's pressure.
+                    how, state = "evicted", pod.status.message or "evicted by the kubelet"
+                    break
                 if pod is not None and pod.status.phase == "Failed" and watch.terminated(MAIN) is None:
                     raise RuntimeError(f"sandbox pod {name} failed: {pod.status.reason} {pod.status.message}")
                 wait = 0.5 if deadline is None else min(0.5, max(deadline - time.monotonic(), 0.01))
                 await watch.changed(wait)
-            if how != "exited":
+            if how in ("timeout", "cancel"):
                 await asyncio.to_thread(delete_pod, self.api, self.namespace, name, 0)
             # The log ends when main stops (or its pod goes); give it a moment to deliver the tail.
             await asyncio.wait({pump}, timeout=10)

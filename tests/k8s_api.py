@@ -238,6 +238,13 @@ class FakePod:
         for container in self.containers.values():
             await container.start()
 
+    def evict(self, message: str) -> None:
+        """What the kubelet does to a pod over its ephemeral storage: kill it, mark it Failed/Evicted."""
+        for container in self.containers.values():
+            container.kill()
+        self.body["status"].update(phase="Failed", reason="Evicted", message=message)
+        self.server.publish("MODIFIED", self)
+
     def delete(self) -> None:
         self.deleted = True
         for container in self.containers.values():

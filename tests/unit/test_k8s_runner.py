@@ -300,3 +300,21 @@ async def test_runs_at_once_on_one_runner_do_not_cross(cluster: tuple[FakeKubern
     for i, folder in enumerate(folders):
         assert (folder / "output.txt").read_text() == f"split {i}\n" * 2000
     assert not server.pods
+
+
+async def test_a_pod_evicted_for_its_disk_use_is_the_candidates_quota_failure(
+        cluster: tuple[FakeKubernetes, Path], tmp_path: Path) -> None:
+    server, assets = cluster
+    message = 'Usage of EmptyDir volume "work" exceeds the limit "10Mi".'
+
+    async def on_line(line: str) -> None:
+        if line == "filling":
+            (pod,) = server.pods.values()
+            await asyncio.to_thread(server.call, pod.evict, message)
+
+    run = await _runner(server, assets).run(["sh", "-c", "echo filling; sleep 120"], cwd=_workspace(tmp_path),
+                                            timeout_s=60, log_path=tmp_path / "e.log", on_line=on_line,
+                                            max_file_bytes=10 * 2**20)
+    assert run.exit_code == 125 and not run.timed_out and not run.cancelled
+    assert message in run.output_tail
+    assert not server.pods
