@@ -467,8 +467,10 @@ class KubernetesRunner:
                     pump.result()  # the on_line callback failed
                 pod = watch.latest
                 if pod is not None and pod.status.reason == "Evicted":
-                    # Over its working volume's size (the disk quota) or the node's pressure.
-                    how, state = "evicted", pod.status.message or "evicted by the kubelet"
+                    message = pod.status.message or "evicted"
+                    if "node was low on resource" in message:  # the node's trouble: another node may do
+                        raise RuntimeError(f"sandbox pod {name} was evicted: {message}")
+                    how, state = "evicted", message  # over its own limits: its working volume's size
                     break
                 if pod is not None and pod.status.phase == "Failed" and watch.terminated(MAIN) is None:
                     raise RuntimeError(f"sandbox pod {name} failed: {pod.status.reason} {pod.status.message}")

@@ -318,3 +318,18 @@ async def test_a_pod_evicted_for_its_disk_use_is_the_candidates_quota_failure(
     assert run.exit_code == 125 and not run.timed_out and not run.cancelled
     assert message in run.output_tail
     assert not server.pods
+
+
+async def test_a_pod_evicted_for_the_nodes_trouble_is_retried(cluster: tuple[FakeKubernetes, Path],
+                                                             tmp_path: Path) -> None:
+    server, assets = cluster
+
+    async def on_line(line: str) -> None:
+        if line == "running":
+            (pod,) = server.pods.values()
+            await asyncio.to_thread(server.call, pod.evict, "The node was low on resource: ephemeral-storage.")
+
+    with pytest.raises(RuntimeError, match="low on resource"):
+        await _runner(server, assets).run(["sh", "-c", "echo running; sleep 120"], cwd=_workspace(tmp_path),
+                                          timeout_s=60, log_path=tmp_path / "n.log", on_line=on_line)
+    assert not server.pods
