@@ -436,6 +436,8 @@ class Report(Verdict):
     """The full record for dashboards: the verdict plus the hidden test split's results."""
 
     benchmark_test: BenchmarkScores | None = None
+    #: The test split against the base model on the same test items: the paired comparison, in words.
+    benchmark_test_baseline: BaselineComparison | None = None
     benchmark_test_error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
 

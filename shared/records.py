@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from shared.events import (
+    BaselineComparison,
     BenchmarkScores,
     JudgeResult,
     Model,
@@ -71,6 +72,8 @@ class RequestRecord(RequestStatusView):
     # Kept here because the aggregator alone holds state.
     judge: JudgeResult | None = None
     benchmark_test: BenchmarkScores | None = None
+    #: The test split against the base model on the same test items (paired), report only.
+    benchmark_test_baseline: BaselineComparison | None = None
     benchmark_test_error: str | None = None
     test_received: bool = False
     # Claimed before publishing, so a crash between claim and publish is repaired by redelivery.

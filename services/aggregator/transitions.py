@@ -92,6 +92,7 @@ def on_stage_result(record: RequestRecord, event: StageResult, row: StageSpec, j
 def on_test(record: RequestRecord, event: BenchResult) -> None:
     record.test_received = True
     record.benchmark_test = event.benchmark
+    record.benchmark_test_baseline = event.baseline
     record.benchmark_test_error = None if event.ok else (event.error or "the test split failed")
 
 

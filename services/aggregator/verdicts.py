@@ -77,6 +77,7 @@ def build_report(record: RequestRecord) -> Report:
     return Report(
         **record.verdict.model_dump(exclude={"emitted_at", "schema_version"}),
         benchmark_test=record.benchmark_test,
+        benchmark_test_baseline=record.benchmark_test_baseline,
         benchmark_test_error=record.benchmark_test_error,
         timings=timings,  # type: ignore[arg-type]
     )

@@ -158,6 +158,10 @@ async def test_one_request_through_per_user_workers_has_no_permission_violation(
     test_ids = {i for ids in report.benchmark_test.item_ids.values() for i in ids}
     assert {i for items in report.benchmark_test.item_scores.values() for i in items} == test_ids
     assert not test_ids & {i for ids in validation.values() for i in ids}
+    test_baseline = report.benchmark_test_baseline
+    assert test_baseline is not None and test_baseline.paired is not None
+    assert {i for items in test_baseline.baseline.item_scores.values() for i in items} == test_ids
+    assert "benchmark_test_baseline" not in verdict.model_dump()
 
 
 def test_the_table_covers_every_user_of_accounts_conf() -> None:
