@@ -240,7 +240,8 @@ async def _score_split(
         return SplitRun(None, outcome, f"{name} ({label}) output unreadable: {exc}")
     except GradingUnavailable as exc:
         return SplitRun(None, outcome, f"benchmark ({label}): {exc}")
-    _, runs_note = effective_runs(spec, event.context.task.num_runs)
+    # The request's own note (its num_runs not used), never in a baseline that other requests share.
+    runs_note = None if label.startswith("baseline") else effective_runs(spec, event.context.task.num_runs)[1]
     scores = scores.model_copy(update={"seed": SAMPLING_SEED, "notes": [*scores.notes, *filter(None, [runs_note])]})
     if not scores.accuracy_summary:
         return SplitRun(scores, outcome, f"{name} ({label}) produced no metrics")
