@@ -397,7 +397,17 @@ class KubernetesRunner:
                 return result(EXIT_QUOTA)
             exit_code = int(state.exit_code)
             oom = state.reason == "OOMKilled"
-            skipped = await asyncio.to_thread(self._copy_out, name, cwd)
+            try:
+                skipped = await asyncio.to_thread(self._copy_out, name, cwd)
+            except Exception:
+                # An eviction kills both containers; its status may come after main's exit.
+                pod = await asyncio.to_thread(self.api.read_namespaced_pod, name, self.namespace,
+                                              _request_timeout=30)
+                evicted = _evicted(pod)
+                if evicted is None:
+                    raise
+                output.note(f"evicted by the kubelet: {evicted} (exit {EXIT_QUOTA}, as for a run over its disk quota)")
+                return result(EXIT_QUOTA)
             if skipped:
                 output.note(f"not brought back from the sandbox (links out of the working folder, devices): "
                             f"{', '.join(skipped[:10])}")
@@ -454,6 +464,10 @@ class KubernetesRunner:
         how, state = "exited", None
         try:
             while True:
+                evicted = _evicted(watch.latest)
+                if evicted is not None:
+                    how, state = "evicted", evicted
+                    break
                 state = watch.terminated(MAIN)
                 if state is not None:
                     break
@@ -466,12 +480,6 @@ class KubernetesRunner:
                 if pump.done() and pump.exception() is not None:
                     pump.result()  # the on_line callback failed
                 pod = watch.latest
-                if pod is not None and pod.status.reason == "Evicted":
-                    message = pod.status.message or "evicted"
-                    if "node was low on resource" in message:  # the node's trouble: another node may do
-                        raise RuntimeError(f"sandbox pod {name} was evicted: {message}")
-                    how, state = "evicted", message  # over its own limits: its working volume's size
-                    break
                 if pod is not None and pod.status.phase == "Failed" and watch.terminated(MAIN) is None:
                     raise RuntimeError(f"sandbox pod {name} failed: {pod.status.reason} {pod.status.message}")
                 wait = 0.5 if deadline is None else min(0.5, max(deadline - time.monotonic(), 0.01))
@@ -689,6 +697,17 @@ def _read_frames(sock: Any, stdout: Any, err: io.BytesIO, timeout_s: float) -> d
             err.write(payload)
         elif channel == 3 and payload:
             status = json.loads(payload)
+
+
+def _evicted(pod: Any) -> str | None:
+    """The kubelet's message when it evicted ``pod`` for going over its own limits (its working
+    volume's size: the candidate's doing); raises when the node itself ran low (retried elsewhere)."""
+    if pod is None or pod.status.reason != "Evicted":
+        return None
+    message = pod.status.message or "evicted"
+    if "node was low on resource" in message:
+        raise RuntimeError(f"sandbox pod {pod.metadata.name} was evicted: {message}")
+    return message
 
 
 def _quantity(size: int) -> str:
