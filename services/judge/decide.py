@@ -100,11 +100,16 @@ def _with_note(feedback: Feedback, decided: PolicyDecision, writer: str) -> Feed
     )
 
 
-def _llm_feedback(outcome: LlmOutcome) -> Feedback:
+def _llm_feedback(outcome: LlmOutcome, facts: JudgeFacts) -> Feedback:
     answer = outcome.answer
+    return_checking = answer.return_checking
+    if facts.paired is not None:
+        # The measured comparison, in the feedback whoever wrote it: the agent reads it there.
+        return_checking += (f"\n\n[ftbus] Paired with the base model on the same validation items, the candidate "
+                            f"is {facts.paired.describe()}.")
     return Feedback(
         execution=answer.execution,
-        return_checking=answer.return_checking,
+        return_checking=return_checking,
         code=answer.code,
         final_decision=answer.final_decision,
     )
@@ -180,4 +185,4 @@ async def _feedback_and_info(facts: JudgeFacts, settings: Settings) -> tuple[Fee
         llm_decision=answer.answer.final_decision,
         attempts=answer.attempts,
     )
-    return _with_note(_llm_feedback(answer), decided, "the LLM"), info
+    return _with_note(_llm_feedback(answer, facts), decided, "the LLM"), info

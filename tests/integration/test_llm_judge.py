@@ -278,6 +278,38 @@ async def test_policy_when_the_candidate_is_below_the_base_model(
         assert "[ftbus] Note: final_decision is false because judge_policy=both" in result.feedback.return_checking
 
 
+@pytest.mark.parametrize(("improved", "expected"), [(25, True), (1, False)])
+async def test_significant_refuses_what_the_llm_cannot_tell_from_noise(
+    server: FakeOpenAIServer, tmp_path: Path, improved: int, expected: bool
+) -> None:
+    """judge_policy=significant: the LLM says true both times; only a difference beyond noise passes, and
+    the feedback carries the paired comparison in words whoever wrote it."""
+    from shared.events import BaselineComparison, BenchmarkScores
+    from shared.paired import compare_scores
+
+    def scores(right: int) -> BenchmarkScores:
+        return BenchmarkScores(accuracy_summary={"gsm8k": {"accuracy": right / 60}}, primary_metric="accuracy",
+                               primary_value=right / 60,
+                               item_scores={"gsm8k": {f"i{k}": [float(k < right)] for k in range(60)}})
+
+    candidate, base = scores(20 + improved), scores(20)
+    paired, words = compare_scores(candidate, base)
+    event = ev.bench_result(benchmark=candidate).model_copy(update={"baseline": BaselineComparison(
+        baseline=base, primary_metric="accuracy", candidate_value=candidate.primary_value,
+        baseline_value=base.primary_value, difference=improved / 60, paired=paired, summary=words)})
+    server.script(answer(GOOD))
+    result = await judge(event, ev.TRAIN_YAML, {}, make_settings(tmp_path, server, judge_policy="significant"))
+    assert result.judge.kind == "llm" and result.judge.llm_decision is True
+    assert result.feedback.final_decision is expected
+    assert f"[ftbus] Paired with the base model on the same validation items, the candidate is {words}." \
+        in result.feedback.return_checking
+    # The LLM was asked with the interval and the p-value, not a bare difference.
+    prompt = server.requests[-1].user_prompt
+    assert "95% interval of the difference [" in prompt and "p-value" in prompt
+    if not expected:
+        assert result.judge.reason is not None and "beyond noise: not distinguishable" in result.judge.reason
+
+
 @pytest.mark.parametrize("policy", ["both", "llm", "rules"])
 async def test_policy_never_overrides_a_failed_rule(server: FakeOpenAIServer, tmp_path: Path, policy: str) -> None:
     server.script(answer(GOOD))
