@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -97,15 +99,16 @@ async def test_example_passes_for_real(
         assert steps, "no training progress arrived"
         assert steps == sorted(steps)
         if example == "lora":
-            await _null_candidate_is_noise(pipeline, tmp_path)
+            null = await _null_candidate_is_noise(pipeline, tmp_path)
+            await _compare_says_lora_beats_the_null_candidate(settings, rid, null)
     finally:
         await pipeline.stop()
 
 
-async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> None:
+async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> str:
     """examples/lora with a learning rate of 0 (and 2 steps) learns nothing: its LoRA update stays 0,
     so it answers as the base model does. On the same warm engine and cached baseline, it is reported
-    not distinguishable from the base model and refused by judge_policy=significant."""
+    not distinguishable from the base model and refused by judge_policy=significant. Returns its id."""
     workspace = tmp_path / "null"
     shutil.copytree(REPO / "examples" / "lora", workspace)
     config = (workspace / "train.yaml").read_text()
@@ -113,7 +116,8 @@ async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> None:
     assert "learning_rate: 0.0" in config and "max_steps: 2" in config
     (workspace / "train.yaml").write_text(config)
     task = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"])
-    verdict = await pipeline.client.wait(await pipeline.client.submit(workspace, task), timeout_s=900)
+    null = await pipeline.client.submit(workspace, task)
+    verdict = await pipeline.client.wait(null, timeout_s=900)
     assert verdict.status == "completed", verdict.execution
     assert verdict.judge is not None and verdict.judge.rules_decision is True  # every stage ran fine
     assert verdict.final_decision is False, verdict.return_checking
@@ -124,6 +128,27 @@ async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> None:
     assert baseline.summary is not None and baseline.summary.startswith("not distinguishable from the base model")
     assert verdict.judge.reason is not None and "beat the base model beyond noise: not distinguishable" \
         in verdict.judge.reason
+    return null
+
+
+async def _compare_says_lora_beats_the_null_candidate(settings: Settings, lora: str, null: str) -> None:
+    """`ftbus compare` (the real CLI) on the two requests: examples/lora better than the null candidate
+    beyond noise, paired on their 40 shared validation items, with its interval; and the reverse."""
+    from tests.integration.test_delivery import run_ftbus
+
+    code, out, err = await run_ftbus(settings, "compare", lora, null)
+    assert code == 0, err[-3000:]
+    said = " ".join(out.split())
+    match = re.match(rf"{lora} is better than {null} by \+([01]\.\d\d) \(95% CI \+([01]\.\d\d) to \+([01]\.\d\d), "
+                     r"p < 0\.001, 40 items\)", said)
+    assert match, said
+    difference, low, high = (float(g) for g in match.groups())
+    assert 0 < low <= difference <= high
+    code, out, err = await run_ftbus(settings, "compare", null, lora, "--json")
+    assert code == 0, err[-3000:]
+    reverse = json.loads(out)["paired"]
+    assert reverse["items"] == 40 and reverse["ci_high"] < 0 and reverse["p_value"] < 0.001
+    assert json.loads(out)["summary"].startswith(f"{null} is worse than {lora} by -")
 
 
 async def test_the_opencompass_backend_runs_the_pipeline(
