@@ -121,6 +121,12 @@ async def one_request(
             assert isinstance(verdict, Verdict)
             view = await agent.status(rid)
             assert view is not None and view.status == verdict.status
+            # `ftbus compare` reads what the agent may read (verdicts and status views): its refusal of an
+            # unknown second request comes after reading both sides, with no permission denied.
+            from ftbus.compare import NotComparable, compare_requests
+
+            with pytest.raises(NotComparable, match="unknown request 20990101-000000-00000000"):
+                await compare_requests(agent, rid, "20990101-000000-00000000")
         async with await FtbusClient.connect(settings("dashboard", client_name="dashboard")) as dashboard:
             report = await dashboard.wait(rid, timeout_s=60, report=True)
             assert isinstance(report, Report)
