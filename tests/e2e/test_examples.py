@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from ftbus.embedded import EmbeddedServer
-from shared.events import Progress, Report, TaskSpec
+from shared.events import Progress, Report, TaskSpec, Verdict
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline
 from tests.sandbox_support import require_sandbox
@@ -99,6 +101,7 @@ async def test_example_passes_for_real(
         assert steps, "no training progress arrived"
         assert steps == sorted(steps)
         if example == "lora":
+            await _pulled_model_answers_as_scored(pipeline, rid, verdict, real_assets, toolchain_bin, tmp_path)
             null = await _null_candidate_is_noise(pipeline, tmp_path)
             await _compare_says_lora_beats_the_null_candidate(settings, rid, null)
     finally:
@@ -149,6 +152,44 @@ async def _compare_says_lora_beats_the_null_candidate(settings: Settings, lora: 
     reverse = json.loads(out)["paired"]
     assert reverse["items"] == 40 and reverse["ci_high"] < 0 and reverse["p_value"] < 0.001
     assert json.loads(out)["summary"].startswith(f"{null} is worse than {lora} by -")
+
+
+async def _pulled_model_answers_as_scored(pipeline: Pipeline, rid: str, verdict: Verdict, assets: Path,
+                                         toolchain_bin: Path, tmp_path: Path) -> None:
+    """`ftbus pull` of the candidate: peft loads the adapter on the tiny base model (and transformers
+    the merged model), and each generates, for every validation review of a subset, the answer the
+    benchmark scored: the error sample's output where it was wrong, the gold answer where right."""
+    from ftbus.pull import pull
+    from services.benchmark.models import has_chat_template
+
+    adapter = await pull(pipeline.client, rid, tmp_path / "adapter")
+    assert adapter.model_kind == "lora"
+    assert {"adapter_model.safetensors", "adapter_config.json", "trainer_state.json"} <= set(adapter.files)
+    assert any(name.startswith("tokenizer") for name in adapter.files)
+    merged = await pull(pipeline.client, rid, tmp_path / "merged", what="merged",
+                        base_model=assets / "models" / "tiny-llama", python=str(toolchain_bin / "python"))
+    assert "model.safetensors" in merged.files and "trainer_state.json" in merged.files
+
+    bench = verdict.result.benchmark
+    assert bench is not None
+    subset = "food"
+    items = {json.loads(line)["id"]: json.loads(line)
+             for line in (assets / "benchmarks" / "tiny-sentiment" / f"{subset}.jsonl").read_text().splitlines()}
+    reviews = [items[item_id] for item_id in bench.item_ids[subset]]  # the validation split, as scored
+    wrong = {s.question: s.model_output for s in bench.error_samples}
+    expected = [wrong.get(r["question"], r["answer"]).strip().lower() for r in reviews]
+    job = {"base": str(assets / "models" / "tiny-llama"), "adapter": str(adapter.path), "merged": str(merged.path),
+           "prompts": [r["question"] for r in reviews], "max_new_tokens": 16, "until": ["\n"],
+           # as the bench stage decides it for lm-eval (services/benchmark/lmeval.py, chat_template_for)
+           "chat": has_chat_template(assets / "models" / "tiny-llama")}
+    proc = await asyncio.to_thread(
+        subprocess.run, [str(toolchain_bin / "python"), str(Path(__file__).with_name("peft_generate.py"))],
+        input=json.dumps(job), capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    generated = json.loads(proc.stdout.strip().splitlines()[-1])
+    for kind in ("adapter", "merged"):
+        answers = [text.strip().lower() for text in generated[kind]]
+        assert answers == expected, (kind, list(zip(answers, expected, strict=True)))
 
 
 async def test_the_opencompass_backend_runs_the_pipeline(
