@@ -99,9 +99,16 @@ chaos: install
 # These machines' image ships it (/usr/bin/kubectl 1.32, kustomize v5.5). Debian's kubernetes-client
 # (1.20, kustomize v2) is too old for the manifests, and no PyPI package ships a real kustomize: where
 # none is found, the rendering tests are skipped, saying why; the schema and sync tests still run.
+# Also nginx, for the dashboard's authenticating proxy (tests/integration/test_dashboard_proxy.py):
+# Debian's package unpacked into .tools/nginx, so that no service is installed or started.
 k8s-tools:
 	@if kubectl version --client 2>/dev/null | grep -q 'Kustomize Version: v[5-9]'; then :; \
 	else echo "[make] no kubectl with kustomize v5 here: the deploy/k8s rendering tests will be skipped, saying why"; fi
+	@if [ -x .tools/nginx/usr/sbin/nginx ] || command -v nginx >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && mkdir -p .tools/nginx && cd .tools/nginx \
+	  && (apt-get download nginx >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get download nginx >/dev/null 2>&1)) \
+	  && dpkg -x nginx_*.deb . && rm -f nginx_*.deb; then :; \
+	else echo "[make] nginx could not be unpacked here: the dashboard proxy's test will be skipped, saying why"; fi
 
 # The deployment's images, offline: a Debian base by debootstrap, then `docker build` FROM it
 # (ftbus-services, ftbus-toolchain; ftbus-sandbox by deploy/sandbox/build.sh), each tagged latest
