@@ -88,16 +88,21 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
             return JSONResponse({"error": "unknown request", "ready": state.records_ready.is_set()}, status_code=404)
         return JSONResponse(detail)
 
+    async def boards() -> list[dict[str, Any]]:
+        # In a thread: the first paired comparisons of a large board take a while (then they are cached),
+        # and the other pages and the event stream must not wait for them.
+        return await asyncio.to_thread(views.leaderboard, list(state.records.values()))
+
     async def api_leaderboard(request: Request) -> Response:
-        return JSONResponse({"boards": views.leaderboard(state.records.values())})
+        return JSONResponse({"boards": await boards()})
 
     async def leaderboard_json(request: Request) -> Response:
-        body = json.dumps({"boards": views.leaderboard(state.records.values())}, indent=2)
+        body = json.dumps({"boards": await boards()}, indent=2)
         return Response(body, media_type="application/json",
                         headers={"Content-Disposition": 'attachment; filename="ftbus-leaderboard.json"'})
 
     async def leaderboard_csv(request: Request) -> Response:
-        body = views.leaderboard_csv(views.leaderboard(state.records.values()))
+        body = views.leaderboard_csv(await boards())
         return Response(body, media_type="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="ftbus-leaderboard.csv"'})
 

@@ -386,8 +386,9 @@ def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
 def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_scores: BenchmarkScores,
                         final: bool) -> tuple[PairedComparison | None, str]:
     key = (rid, leader)
-    if key in _PAIRED_CACHE:
-        return _PAIRED_CACHE[key]
+    hit = _PAIRED_CACHE.get(key)  # one lookup: the dashboard computes boards in threads
+    if hit is not None:
+        return hit
     result = compare_scores(scores, leader_scores, level=LEADERBOARD_LEVEL, other_name="the leader")
     if final:
         if len(_PAIRED_CACHE) >= _PAIRED_CACHE_MAX:
