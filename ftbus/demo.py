@@ -140,6 +140,8 @@ def improvement_lines(verdict: Verdict) -> list[str]:
             diff = baseline.candidate_value - baseline.baseline_value
         lines.append(f"validation {'overall':<12} {metric}: base model {baseline.baseline_value:.2f}  "
                      f"candidate {baseline.candidate_value:.2f}  difference {diff:+.2f}")
+    if baseline.summary:
+        lines.append(f"paired over the same items: {baseline.summary}")
     return lines
 
 

@@ -234,3 +234,25 @@ def test_what_cannot_be_paired_says_why() -> None:
     assert "runs per item" in compare_scores(a, _scores({"i0": [1.0, 1.0], "i1": [0.0, 0.0]}))[1]
     assert "no per-item outcomes" in compare_scores(a, BenchmarkScores())[1]
 
+
+
+def test_the_demo_and_the_verdict_view_print_the_comparison_in_words() -> None:
+    from rich.console import Console
+
+    from ftbus.demo import improvement_lines
+    from ftbus.verdict_view import render_verdict
+    from shared.events import BaselineComparison, Verdict, VerdictResult
+
+    candidate = _scores({f"i{k}": [1.0 if k < 38 else 0.0] for k in range(40)})
+    candidate = candidate.model_copy(update={"accuracy_summary": {"s": {"m": 0.95}}, "primary_value": 0.95})
+    base = _scores({f"i{k}": [0.0] for k in range(40)}).model_copy(update={"accuracy_summary": {"s": {"m": 0.0}}})
+    paired, words = compare_scores(candidate, base)
+    verdict = Verdict(request_id="r1", status="completed", execution="", return_checking="", code="",
+                      final_decision=True, result=VerdictResult(benchmark=candidate, baseline=BaselineComparison(
+                          baseline=base, primary_metric="m", candidate_value=0.95, baseline_value=0.0,
+                          difference=0.95, paired=paired, summary=words)))
+    assert improvement_lines(verdict)[-1] == (
+        "paired over the same items: better than the base model by +0.95 (95% CI +0.88 to +1.00, p < 0.001, 40 items)")
+    console = Console(record=True, width=300)
+    render_verdict(console, verdict)
+    assert f"paired: {words}" in console.export_text()
