@@ -57,8 +57,14 @@ build() {  # build TARGET NAME
         docker image rm "$old" >/dev/null 2>&1 || log "kept the replaced $name image $old: a container still uses it"
     fi
 }
+dangling_before="$(docker images -q --no-trunc --filter dangling=true | sort)"
 build services ftbus-services
 build toolchain ftbus-toolchain
+# The classic builder keeps each intermediate stage (the services' virtualenv with the wheelhouse)
+# as an untagged image: remove those this run left, nothing else.
+for image in $(comm -13 <(echo "$dangling_before") <(docker images -q --no-trunc --filter dangling=true | sort)); do
+    docker image rm "$image" >/dev/null 2>&1 || true
+done
 
 log "built in $(( $(date +%s) - start )) s"
 printf '%-28s %10s\n' IMAGE SIZE
