@@ -256,3 +256,22 @@ def test_the_demo_and_the_verdict_view_print_the_comparison_in_words() -> None:
     console = Console(record=True, width=300)
     render_verdict(console, verdict)
     assert f"paired: {words}" in console.export_text()
+
+
+def test_a_request_asks_its_own_num_runs(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ftbus.batch import TaskFileError, load_tasks
+    from ftbus.cli import app
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"workspace": "a", "num_runs": 4}\n{"workspace": "b"}\n')
+    loaded = load_tasks(tasks, {"base_model": "m", "benchmark": "b", "num_runs": 2})
+    assert [t.task_spec().num_runs for t in loaded] == [4, 2]
+    assert load_tasks(tasks, {"base_model": "m", "benchmark": "b", "num_runs": None})[1].task_spec().num_runs is None
+    tasks.write_text('{"workspace": "a", "base_model": "m", "benchmark": "b", "num_runs": 17}\n')
+    with pytest.raises(TaskFileError, match="num_runs"):
+        load_tasks(tasks, {})
+    refused = CliRunner().invoke(app, ["submit", str(tmp_path), "--base-model", "m", "--benchmark", "b",
+                                       "--num-runs", "0"])
+    assert refused.exit_code == 2 and "--num-runs" in refused.output
