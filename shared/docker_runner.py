@@ -483,10 +483,12 @@ def reap_containers(client: docker.DockerClient) -> list[str]:
     is not this engine's to judge. Returns the names of the containers removed."""
     removed: list[str] = []
     here = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": LABEL_OWNER}):
-        owner = container.labels.get(LABEL_OWNER, "")
+    # Sparse: the listing's own data, not an inspect of each (one removed meanwhile would raise).
+    for container in client.containers.list(all=True, filters={"label": LABEL_OWNER}, sparse=True):
+        labels = container.attrs.get("Labels") or {}
+        owner = labels.get(LABEL_OWNER, "")
         host = owner.partition(":")[0]
-        its_container = container.labels.get(LABEL_OWNER_CONTAINER, "")
+        its_container = labels.get(LABEL_OWNER_CONTAINER, "")
         if host == here or not host:
             alive = owner_alive(owner)
         elif its_container:
@@ -496,7 +498,7 @@ def reap_containers(client: docker.DockerClient) -> list[str]:
         if alive:
             continue
         _remove(container)
-        removed.append(container.name)
+        removed.append(str((container.attrs.get("Names") or [container.id])[0]).lstrip("/"))
     return removed
 
 
@@ -504,8 +506,14 @@ def container_of_host(client: docker.DockerClient, hostname: str | None = None) 
     """The id of the running container of this engine whose hostname is ``hostname`` (default: this
     process's): the worker's own container, when it runs in one; "" when none or several are."""
     hostname = hostname or socket.gethostname()
-    found = [c.id for c in client.containers.list(filters={"status": "running"})
-             if c.attrs.get("Config", {}).get("Hostname") == hostname]
+    found = []
+    for summary in client.api.containers(filters={"status": "running"}):
+        try:  # one by one: a container removed meanwhile is no answer, not an error
+            info = client.api.inspect_container(summary["Id"])
+        except docker.errors.NotFound:
+            continue
+        if info.get("Config", {}).get("Hostname") == hostname:
+            found.append(summary["Id"])
     return found[0] if len(found) == 1 else ""
 
 
