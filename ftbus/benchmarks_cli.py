@@ -58,20 +58,22 @@ def benchmarks_import(
 
 @benchmarks_app.command("ls")
 def benchmarks_ls(as_json: JsonOpt = False) -> None:
-    """Each benchmark: version, scorer, primary metric, items per subset and split sizes."""
+    """Each benchmark: version, scorer, primary metric, runs per item, items per subset and split sizes."""
     settings = Settings()
     infos = list_benchmarks(settings.assets, settings.bench_max_items)
     if as_json:
         print(json.dumps([asdict(i) for i in infos]))
         return
-    table = Table("benchmark", "version", "scorer", "primary", "subsets", "items", "validation", "test", "source")
+    table = Table("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "test",
+                  "source")
     for info in infos:
         if info.error:
-            table.add_row(info.name, "", "", "", "", "", "", "", f"[red]{info.error}[/]")
+            table.add_row(info.name, "", "", "", "", "", "", "", "", f"[red]{info.error}[/]")
             continue
         subsets = info.subsets
         names = ", ".join(subsets) if len(subsets) <= 3 else f"{len(subsets)} subsets"
-        table.add_row(info.name, str(info.version), info.scorer or "", info.primary_metric or "", names,
+        table.add_row(info.name, str(info.version), info.scorer or "", info.primary_metric or "", str(info.num_runs),
+                      names,
                       str(sum(s["items"] for s in subsets.values())),
                       str(sum(s["validation"] for s in subsets.values())),
                       str(sum(s["test"] for s in subsets.values())), info.source[:60])

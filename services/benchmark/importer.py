@@ -81,6 +81,8 @@ class BenchmarkInfo:
     scorer: str | None = None
     primary_metric: str | None = None
     source: str = ""
+    #: Samples per item (the descriptor's num_runs; a request may ask its own).
+    num_runs: int | None = None
     #: subset -> {"items", "validation", "test"}: the split sizes are splits.split_bounds'.
     subsets: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Set when the benchmark does not load: why (the other fields are then empty).
@@ -548,5 +550,6 @@ def list_benchmarks(assets_dir: Path, max_items: int) -> list[BenchmarkInfo]:
             t0, t1 = split_bounds(n, "test", max_items)
             subsets[subset.name] = {"items": n, "validation": v1 - v0, "test": t1 - t0}
         infos.append(BenchmarkInfo(name=name, version=spec.version, scorer=spec.scorer_name,
-                                   primary_metric=spec.primary_metric, source=spec.source, subsets=subsets))
+                                   primary_metric=spec.primary_metric, source=spec.source, subsets=subsets,
+                                   num_runs=spec.num_runs))
     return infos

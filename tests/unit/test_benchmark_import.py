@@ -347,6 +347,7 @@ def test_ls_lists_split_sizes_and_broken_benchmarks(tmp_path: Path, monkeypatch:
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
     assert rows["mmlu"]["subsets"]["virology"] == {"items": 250, "validation": 100, "test": 100}
     assert rows["mmlu"]["version"] == 1 and rows["mmlu"]["primary_metric"] == "acc" and rows["mine"]["error"]
+    assert rows["mmlu"]["num_runs"] == 1  # the descriptor's default: samples per item
     table = CliRunner().invoke(app, ["benchmarks", "ls"])
     assert table.exit_code == 0 and "mmlu" in table.stdout and "mine" in table.stdout
 
