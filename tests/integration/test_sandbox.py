@@ -52,8 +52,15 @@ def runner(image: str) -> DockerRunner:
 
 
 def _containers(label_value: str | None = None) -> list[object]:
+    """The engine's ftbus containers (of one request). The SDK lists, then inspects each: one removed
+    in between (another test's, running at the same time) is looked for again, not an error."""
     client = engine_client()
     filters = {"label": f"ftbus.request_id={label_value}"} if label_value else {"label": LABEL_OWNER}
+    for _ in range(10):
+        try:
+            return client.containers.list(all=True, filters=filters)
+        except docker.errors.NotFound:
+            continue
     return client.containers.list(all=True, filters=filters)
 
 
