@@ -21,6 +21,8 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import signal
@@ -69,8 +71,12 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
         flush_due.clear()
         out.flush()
 
+    # The pipeline run_services runs: ftbus.stages' (cli's own module attribute in older trees).
+    base = getattr(cli, "PIPELINE", None)
+    if base is None:
+        from ftbus.stages import PIPELINE as base
     specs = []
-    for spec in cli.PIPELINE:
+    for spec in base:
         if spec.stage in stages and spec.handler is not None:
             inner, name = spec.handler, spec.stage
 
@@ -87,7 +93,11 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
 
             spec = dataclasses.replace(spec, handler=timed)
         specs.append(spec)
-    cli.PIPELINE = tuple(specs)  # run_services reads the module's pipeline
+    if "pipeline" in inspect.signature(cli.run_services).parameters:
+        run = functools.partial(cli.run_services, pipeline=tuple(specs))
+    else:
+        cli.PIPELINE = tuple(specs)  # older trees: run_services reads the module's pipeline
+        run = cli.run_services
     if concurrency is None and not _stage_default_concurrency():
         concurrency = 1  # the tree before stages declared their own: its default
     stop = asyncio.Event()
@@ -97,7 +107,7 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
     bus = await Bus.connect(settings, name=f"ftbus-{stage_name}")
     try:
         await bus.ensure_topology()
-        await cli.run_services(bus, stages, concurrency, stop)
+        await run(bus, stages, concurrency, stop)
     finally:
         await bus.close()
         out.close()

@@ -11,7 +11,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -91,13 +91,17 @@ def _run(coro: Coroutine[Any, Any, int], settings: Settings) -> None:
     raise typer.Exit(code)
 
 
-async def run_services(bus: Bus, stages: list[Stage], concurrency: int | None, stop: asyncio.Event) -> None:
-    """Run ``stages`` here until ``stop``; ``concurrency`` None: each stage's own (its spec, settings)."""
-    from ftbus.stages import PIPELINE  # every service: imported by the commands that run them, not by `ftbus ls`
+async def run_services(bus: Bus, stages: list[Stage], concurrency: int | None, stop: asyncio.Event,
+                       pipeline: Sequence[StageSpec] | None = None) -> None:
+    """Run ``stages`` here until ``stop``; ``concurrency`` None: each stage's own (its spec, settings).
+    ``pipeline``: ftbus's own (``ftbus.stages.PIPELINE``) unless given."""
+    if pipeline is None:
+        from ftbus.stages import PIPELINE  # every service: imported by the commands that run them, not by `ftbus ls`
 
+        pipeline = PIPELINE
     tasks = [
-        asyncio.create_task(spec.run(bus, stop, concurrency, PIPELINE), name=spec.stage)
-        for spec in PIPELINE
+        asyncio.create_task(spec.run(bus, stop, concurrency, pipeline), name=spec.stage)
+        for spec in pipeline
         if spec.stage in stages
     ]
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -575,6 +579,7 @@ def watch(
 
 if TYPE_CHECKING:
     from ftbus.dashboard.app import DashboardServer
+    from shared.stagespec import StageSpec
 
 
 @app.command()
