@@ -156,8 +156,9 @@ class WarmEngine:
         # Whose folder this is, so that a worker starting after this one was killed (SIGKILL, OOM:
         # no stop() ran) can remove it: it may hold a candidate's weights (reap_engine_folders).
         (self.root / OWNER_FILE).write_text(host_identity(), encoding="utf-8")
-        argv = ["python", str(ENGINE_SCRIPT), str(self.exchange)]
-        sandbox = Sandbox.reading(*self.visible_roots, ENGINE_DIR, gpus=True)
+        code = await asyncio.to_thread(self._copy_engine_code)
+        argv = ["python", str(code / ENGINE_SCRIPT.name), str(self.exchange)]
+        sandbox = Sandbox.reading(*self.visible_roots, code, gpus=True)
         self._resident = await self.runner.start_resident(
             argv, cwd=self.exchange, env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"}, log_path=self.log_path,
             sandbox=sandbox, label="bench-engine",
@@ -165,6 +166,22 @@ class WarmEngine:
         self.starts += 1
         log.info("benchmark engine started", sandbox=self._resident.sandbox, starts=self.starts)
         return self._resident
+
+    @property
+    def code_dir(self) -> Path:
+        """The engine's own code as the engine runs it: a copy in this worker's engine folder."""
+        return self.root / "engine"
+
+    def _copy_engine_code(self) -> Path:
+        """Copy the engine's scripts into this worker's engine folder, and return it. Mounted from
+        there, not from where ftbus is installed: the work folder is the path a worker running in a
+        container shares with the engine it starts on the host's Docker engine (the same path on
+        both: docs/operations.md), while its install path exists only inside its own container."""
+        shutil.rmtree(self.code_dir, ignore_errors=True)
+        self.code_dir.mkdir(parents=True)
+        for script in ENGINE_DIR.glob("*.py"):
+            shutil.copyfile(script, self.code_dir / script.name)
+        return self.code_dir
 
     async def kill(self) -> None:
         resident, self._resident = self._resident, None

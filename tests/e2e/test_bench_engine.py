@@ -16,7 +16,7 @@ from services.benchmark.lmeval import parse_lm_eval_output
 from services.benchmark.models import select_model
 from services.benchmark.registry import load_benchmark
 from services.benchmark.splits import make_split
-from services.benchmark.warm import ENGINE_DIR, WarmEngine, WarmSplit
+from services.benchmark.warm import WarmEngine, WarmSplit
 from shared.docker_runner import DockerRunner, engine_client
 from shared.runner import LocalRunner
 from shared.settings import Settings
@@ -181,7 +181,7 @@ async def test_the_engine_container_sees_its_exchange_the_models_and_its_script_
         assert host["Memory"] == 4 * 2**30 and host["PidsLimit"] == settings.sandbox_pids
         mounts = {m["Destination"]: m["RW"] for m in container.attrs["Mounts"]}
         models = str((real_assets / "models").resolve())
-        assert mounts == {str(engine.exchange): True, models: False, str(ENGINE_DIR): False}, mounts
+        assert mounts == {str(engine.exchange): True, models: False, str(engine.code_dir): False}, mounts
         assert str((real_assets / "benchmarks").resolve()) not in mounts  # the hidden split's source
         assert container.labels["ftbus.stage"] == "bench" and container.labels["ftbus.owner"] == runner.owner
     finally:
