@@ -92,7 +92,13 @@ gpu-check:
 
 # Requests under scheduled faults on a 3-node nats-server cluster, then the checker's table
 # (lost, duplicated, wrong, error verdicts, leftovers, latency); ~10 min on 2 cores. See docs/operations.md.
+# Each node runs in its own network namespace, partitioned by the run: that needs root, iproute2 (ip,
+# tc) and nftables, installed here from Debian's packages if missing; without them the run stays on
+# loopback, without the network faults, and says why.
 chaos: install
+	@command -v ip >/dev/null && command -v tc >/dev/null && command -v nft >/dev/null \
+	  || [ "$$(id -u)" != 0 ] || apt-get install -y --no-install-recommends iproute2 nftables >/dev/null \
+	  || echo "[make] iproute2/nftables could not be installed: the chaos run stays on loopback"
 	$(BIN)/python -m chaos.run
 
 # kubectl with kustomize v5, for `make test`'s rendering of deploy/k8s (tests/unit/test_k8s_manifests.py).

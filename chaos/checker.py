@@ -7,7 +7,8 @@
     wrong       a verdict that is not the one its kind must get; an error verdict is allowed only
                 when a stage exhausted max_deliver (counted with its reason)
     unsubmitted every submit attempt failed (the client was told: not a lost request, but reported)
-    leftovers   processes of the run (candidates, workers, undertakers, servers) alive after it
+    leftovers   processes of the run (candidates, workers, undertakers, servers) alive after it, and
+                its network namespaces or links still there
     stale views a request with a verdict whose public view (`ftbus status`) does not show it: two
                 aggregators write one request's views, and an older one must never land last
 """
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,7 @@ class Result:
     faults: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     max_submit_attempts: int = 0
+    network: str = ""  # where the nodes ran: their namespaces, or loopback and why
 
     @property
     def failed(self) -> bool:
@@ -57,6 +60,7 @@ class Result:
         rows = [
             ("requests", f"{self.requests} (" + ", ".join(f"{k} {v}" for k, v in sorted(self.by_kind.items())) + ")"),
             ("faults", ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"),
+            *([("network", self.network)] if self.network else []),
             ("ok", str(self.ok)),
             ("lost", f"{len(self.lost)} {self.lost[:5] if self.lost else ''}"),
             ("duplicated", f"{len(self.duplicated)} {self.duplicated[:5] if self.duplicated else ''}"),
@@ -72,10 +76,12 @@ class Result:
             ("result", "FAIL" if self.failed else "PASS"),
         ]
         width = max(len(k) for k, _ in rows)
-        cols = min(max(len(v) for _, v in rows), 160)
+        cols = min(max(len(v) for _, v in rows), 120)
         line = "+" + "-" * (width + 2) + "+" + "-" * (cols + 2) + "+"
         out = [line, f"| {'chaos check':<{width}} | {'':<{cols}} |", line]
-        out += [f"| {k:<{width}} | {v[:cols]:<{cols}} |" for k, v in rows]
+        for k, v in rows:  # a long value goes on over more lines
+            for i, part in enumerate(textwrap.wrap(v, cols) or [""]):
+                out.append(f"| {k if i == 0 else '':<{width}} | {part:<{cols}} |")
         out.append(line)
         return "\n".join(out)
 

@@ -1,4 +1,7 @@
-"""A nats-server cluster on loopback: the embedded binary, file storage, one config file per node.
+"""A nats-server cluster: the embedded binary, file storage, one config file per node.
+
+On loopback, or with a :class:`chaos.network.Network`, each node on its own host (network namespace),
+at that host's address.
 
 Nodes can be killed (any signal), stopped and started again on the same ports and stores, one at
 a time or all together. With one node it is a plain JetStream server (the soak uses that).
@@ -12,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.network import Network
 from chaos.process import OwnedProcess
 from ftbus.embedded import _terminate_with_parent, free_port, nats_server_binary, wait_for_port
 
@@ -25,12 +29,14 @@ class Node(OwnedProcess):
     store: Path
     log: Path
     conf: Path
+    host: str = "127.0.0.1"
+    prefix: list[str] = field(default_factory=list)  # runs the server on its host (nsenter)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     stop_timeout_s = 20.0  # lame duck, store flushed
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> None:
         if self.alive():
@@ -38,19 +44,21 @@ class Node(OwnedProcess):
         log = self.log.open("ab")
         try:
             self.proc = subprocess.Popen(
-                [str(nats_server_binary()), "-c", str(self.conf)],
+                [*self.prefix, str(nats_server_binary()), "-c", str(self.conf)],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=_terminate_with_parent,
             )
         finally:
             log.close()
-        wait_for_port("127.0.0.1", self.port, timeout_s)
+        wait_for_port(self.host, self.port, timeout_s)
 
 
 class Cluster:
-    """``size`` nodes named n1..nN. ``sync_interval``: JetStream's fsync setting ("always", "2m", ...)."""
+    """``size`` nodes named n1..nN. ``sync_interval``: JetStream's fsync setting ("always", "2m", ...).
+    With ``network``, node nI runs on host I: its address, the standard ports."""
 
-    def __init__(self, root: Path, size: int = 3, *, sync_interval: str = "always", name: str = "ftbus-chaos") -> None:
+    def __init__(self, root: Path, size: int = 3, *, sync_interval: str = "always", name: str = "ftbus-chaos",
+                 network: Network | None = None) -> None:
         self.root = root
         self.size = size
         self.sync_interval = sync_interval
@@ -59,27 +67,31 @@ class Cluster:
         for i in range(1, size + 1):
             node_dir = root / f"n{i}"
             node_dir.mkdir(parents=True, exist_ok=True)
-            self.nodes.append(Node(f"n{i}", free_port(), free_port(), free_port(), node_dir / "store",
-                                   node_dir / "server.log", node_dir / "server.conf"))
+            paths = (node_dir / "store", node_dir / "server.log", node_dir / "server.conf")
+            if network is None:
+                self.nodes.append(Node(f"n{i}", free_port(), free_port(), free_port(), *paths))
+            else:
+                self.nodes.append(Node(f"n{i}", 4222, 6222, 8222, *paths, host=network.address(i),
+                                       prefix=network.exec_prefix(i)))
         for node in self.nodes:
             node.conf.write_text(self._config(node))
 
     def _config(self, node: Node) -> str:
         lines = [
             f"server_name: {node.name}",
-            f"listen: 127.0.0.1:{node.port}",
-            f"http: 127.0.0.1:{node.monitor_port}",
+            f"listen: {node.host}:{node.port}",
+            f"http: {node.host}:{node.monitor_port}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(node.store))}",
             f"  sync_interval: {self.sync_interval}",
             "}",
         ]
         if self.size > 1:
-            routes = ", ".join(f"nats://127.0.0.1:{n.cluster_port}" for n in self.nodes if n is not node)
+            routes = ", ".join(f"nats://{n.host}:{n.cluster_port}" for n in self.nodes if n is not node)
             lines += [
                 "cluster {",
                 f"  name: {self.name}",
-                f"  listen: 127.0.0.1:{node.cluster_port}",
+                f"  listen: {node.host}:{node.cluster_port}",
                 f"  routes: [{routes}]",
                 "}",
             ]
@@ -113,7 +125,7 @@ class Cluster:
         while pending and time.monotonic() < deadline:
             for node in list(pending):
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{node.monitor_port}/healthz",
+                    with urllib.request.urlopen(f"http://{node.host}:{node.monitor_port}/healthz",
                                                 timeout=2) as resp:
                         if resp.status == 200:
                             pending.remove(node)

@@ -10,7 +10,18 @@
     kill_node         SIGKILL a random node, start it again after a pause
     restart_cluster   stop every node (SIGTERM), start them all again
 
-Each fault is bounded in time; the schedule is a list of (seconds from start, kind).
+Network faults (with a chaos.network.Network: each node, and workers, on its own host):
+
+    partition_leader  the events leader's host cut off from the other hosts (nodes and workers) for
+                      ``partition_s``; clients on the switch still reach it
+    split             a majority-minority split: a host that does not lead the events stream cut off
+                      from everything (the other hosts and the clients) for ``partition_s``
+    flap_link         a host's link down 1 s, up 2 s, six times
+    degrade_links     every link rate-limited with random loss (latency from queueing and
+                      retransmits: this kernel has no netem) for ``partition_s``
+
+Each fault is bounded in time; the schedule is a list of (seconds from start, kind). A network fault
+is healed before it returns (on failure too), and waits until every node is healthy again.
 """
 
 from __future__ import annotations
@@ -24,17 +35,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.cluster import Cluster
+from chaos.network import Network
 from chaos.services import Services
 
 FULL_SCHEDULE: list[tuple[float, str]] = [
-    (15, "kill_worker"), (30, "stop_worker"), (50, "restart_aggregator"), (70, "kill_leader"),
-    (95, "kill_worker"), (105, "kill_leader_after_ack"), (125, "kill_node"), (150, "stop_worker"),
-    (175, "restart_cluster"), (210, "kill_worker"), (225, "kill_aggregator"), (245, "kill_leader"),
-    (270, "kill_node"), (290, "kill_leader_after_ack"), (305, "kill_worker"), (320, "stop_worker"),
+    (15, "kill_worker"), (30, "stop_worker"), (50, "restart_aggregator"), (60, "partition_leader"),
+    (95, "kill_leader"), (110, "kill_worker"), (120, "kill_leader_after_ack"), (135, "kill_node"),
+    (150, "split"), (175, "stop_worker"), (195, "restart_cluster"), (230, "flap_link"), (255, "kill_worker"),
+    (265, "kill_aggregator"), (280, "degrade_links"), (305, "kill_leader"), (320, "kill_node"),
+    (335, "partition_leader"), (355, "kill_leader_after_ack"), (365, "kill_worker"), (375, "stop_worker"),
 ]
 SMOKE_SCHEDULE: list[tuple[float, str]] = [
-    (8, "kill_worker"), (16, "stop_worker"), (28, "kill_leader"), (40, "restart_aggregator"),
+    (8, "kill_worker"), (14, "partition_leader"), (26, "stop_worker"), (38, "kill_leader"),
+    (46, "restart_aggregator"),
 ]
+NETWORK_FAULTS = ("partition_leader", "split", "flap_link", "degrade_links")
+
+
+def without_network(schedule: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """The schedule for a run on loopback: its network faults left out."""
+    return [(at, kind) for at, kind in schedule if kind not in NETWORK_FAULTS]
 
 
 @dataclass
@@ -46,6 +66,8 @@ class Faults:
     submit_probe: Callable[[], Awaitable[Any]] | None = None  # a submit whose ack triggers a leader kill
     leader_of: Callable[[], Awaitable[str | None]] | None = None
     seed: int = 7
+    network: Network | None = None
+    partition_s: float = 15.0
     done: Counter[str] = field(default_factory=Counter)
     log: list[str] = field(default_factory=list)
 
@@ -147,3 +169,62 @@ class Faults:
         await asyncio.sleep(1)
         await asyncio.to_thread(self.cluster.start)
         return "all nodes stopped and started again"
+
+    # ------------------------------------------------------------------ network
+
+    def _net(self) -> Network:
+        if self.network is None:
+            raise RuntimeError("no network namespaces in this run (loopback): network faults cannot be injected")
+        return self.network
+
+    async def _healed(self) -> None:
+        """Undo every network fault, then wait until every node says it is healthy again."""
+        await asyncio.to_thread(self._net().heal)
+        await asyncio.to_thread(self.cluster.wait_ready, 120.0)
+
+    async def _hold(self, fault: Callable[[], None]) -> None:
+        """``fault`` for ``partition_s``, then healed (on failure too)."""
+        try:
+            await asyncio.to_thread(fault)
+            await asyncio.sleep(self.partition_s)
+        finally:
+            await self._healed()
+
+    @staticmethod
+    def _host(node: str) -> int:
+        return int(node.removeprefix("n"))
+
+    async def partition_leader(self) -> str:
+        net = self._net()
+        leader = self._host(await self._leader())
+        others = [h for h in range(1, net.hosts + 1) if h != leader]
+        await self._hold(lambda: net.cut(leader, others))
+        return (f"h{leader} (n{leader}, events leader) cut off from {', '.join(f'h{h}' for h in others)} "
+                f"for {self.partition_s:.0f} s, clients still reach it; healed")
+
+    async def split(self) -> str:
+        net = self._net()
+        leader = self._host(await self._leader())
+        minority = self.rng.choice([h for h in range(1, net.hosts + 1) if h != leader])
+        majority = [h for h in range(1, net.hosts + 1) if h != minority]
+        await self._hold(lambda: net.cut(minority))
+        return (f"h{minority} | {' '.join(f'h{h}' for h in majority)} + clients "
+                f"for {self.partition_s:.0f} s (n{leader} led); healed")
+
+    async def flap_link(self) -> str:
+        net = self._net()
+        host = self.rng.randint(1, net.hosts)
+        try:
+            for _ in range(6):
+                await asyncio.to_thread(net.link, host, False)
+                await asyncio.sleep(1)
+                await asyncio.to_thread(net.link, host, True)
+                await asyncio.sleep(2)
+        finally:
+            await self._healed()
+        return f"h{host}'s link down 1 s / up 2 s, 6 times; healed"
+
+    async def degrade_links(self) -> str:
+        net = self._net()
+        await self._hold(lambda: net.degrade("1mbit", 200, 5))
+        return f"every link 1 Mbit/s (queue up to 200 ms), 5 % loss each way, for {self.partition_s:.0f} s; healed"

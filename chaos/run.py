@@ -1,11 +1,15 @@
 """`make chaos`: requests under scheduled faults on a 3-node cluster, then the checker's table.
 
-    python -m chaos.run            # the full run: 3 nodes, 2 workers per stage, 120 requests, ~10 min
-    python -m chaos.run --smoke    # a few faults, ~2 min (the pytest smoke test runs this)
+    python -m chaos.run              # the full run: 3 nodes, 2 workers per stage, 140 requests, ~10 min
+    python -m chaos.run --smoke      # a few faults, one partition, ~2 min (the pytest smoke test runs this)
+    python -m chaos.run --loopback   # every process on loopback: no network faults
 
-Everything is on loopback, under one temporary folder, and stopped at the end; the exit status is
-1 when the checker finds a lost, duplicated or wrong verdict, an unsubmitted request or a leftover
-process.
+Each node, with the workers beside it, runs on its own host: a network namespace the run creates,
+linked to the others through a bridge (chaos/network.py); the load and the checker are on that
+bridge. Where namespaces cannot be made (not root, iproute2 or nftables missing) the run says why
+and stays on loopback, without the network faults. Everything is under one temporary folder and
+removed at the end, on failure too; the exit status is 1 when the checker finds a lost, duplicated
+or wrong verdict, an unsubmitted request or a leftover process, namespace or link.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from typing import Any
 from chaos.ackloss import AckLoss, probe
 from chaos.checker import Result, check
 from chaos.cluster import Cluster
-from chaos.faults import FULL_SCHEDULE, SMOKE_SCHEDULE, Faults
+from chaos.faults import FULL_SCHEDULE, SMOKE_SCHEDULE, Faults, without_network
 from chaos.load import Load
+from chaos.network import Network, NetworkUnavailable
 from chaos.retry import retry
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain
 from ftbus.bus_client import FtbusClient
@@ -47,12 +52,13 @@ def settings_for(root: Path, cluster: Cluster, ack_wait_s: float) -> dict[str, A
     }
 
 
-async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckLoss], list[str]]:
-    cluster = Cluster(root / "nats", 3, sync_interval=args.sync_interval)
+async def chaos(args: argparse.Namespace, root: Path,
+                network: Network | None) -> tuple[Result, list[AckLoss], list[str]]:
+    cluster = Cluster(root / "nats", 3, sync_interval=args.sync_interval, network=network)
     cluster.start()
     cluster.wait_ready()
     config = settings_for(root, cluster, args.ack_wait)
-    services = Services(root / "logs", config, per_stage=args.per_stage)
+    services = Services(root / "logs", config, per_stage=args.per_stage, network=network)
     client = None
     try:
         client = await connect_retrying(Settings(**config))
@@ -63,11 +69,13 @@ async def chaos(args: argparse.Namespace, root: Path) -> tuple[Result, list[AckL
         load.plan()
 
         async def leader() -> str | None:
-            info = await client.bus.js.stream_info(subjects.stream_events)
+            info = await retry(lambda: client.bus.js.stream_info(subjects.stream_events), attempts=10)
             return info.cluster.leader if info.cluster else None
 
-        faults = Faults(cluster, services, args.ack_wait, SMOKE_SCHEDULE if args.smoke else FULL_SCHEDULE,
-                        submit_probe=lambda: load.extra(client), leader_of=leader, seed=args.seed)
+        schedule = SMOKE_SCHEDULE if args.smoke else FULL_SCHEDULE
+        faults = Faults(cluster, services, args.ack_wait, schedule if network else without_network(schedule),
+                        submit_probe=lambda: load.extra(client), leader_of=leader, seed=args.seed,
+                        network=network, partition_s=8.0 if args.smoke else 15.0)
         stop_faults = asyncio.Event()
         fault_task = asyncio.create_task(faults.run(stop_faults))
         supervisor = asyncio.create_task(services.supervise(stop_faults))
@@ -178,6 +186,21 @@ async def _probe_only(args: argparse.Namespace) -> int:
     return 1 if any(loss.lost for loss in losses) else 0
 
 
+def make_network(loopback: bool) -> tuple[Network | None, str]:
+    """The hosts' namespaces, this process moved onto their bridge; or None and why not."""
+    if loopback:
+        return None, "loopback (--loopback): no network faults"
+    network = Network(3)
+    try:
+        network.up()
+        network.enter_switch()
+    except (NetworkUnavailable, OSError) as exc:
+        network.down()
+        return None, f"loopback, no network faults: namespaces cannot be made here ({exc})"
+    return network, (f"namespaces: {', '.join(f'n{h} on {network.address(h)}' for h in range(1, 4))}, "
+                     f"clients on the bridge")
+
+
 async def connect_retrying(settings: Settings) -> FtbusClient:
     for attempt in range(30):
         try:
@@ -192,6 +215,7 @@ async def connect_retrying(settings: Settings) -> FtbusClient:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="a few faults, about 2 minutes")
+    parser.add_argument("--loopback", action="store_true", help="no namespaces: every process on loopback")
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None, help="seconds between submits")
     parser.add_argument("--deadline", type=float, default=None, help="seconds for the load, verdicts included")
@@ -206,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", type=Path, default=Path(tempfile.gettempdir()),
                         help="where a failed run's worker and server logs are copied")
     args = parser.parse_args(argv)
-    args.requests = args.requests or (20 if args.smoke else 120)
+    args.requests = args.requests or (28 if args.smoke else 140)
     args.rate = args.rate or (1.5 if args.smoke else 2.7)
     args.deadline = args.deadline or (150 if args.smoke else 540)
     args.probe_trials = args.probe_trials if args.probe_trials is not None else (2 if args.smoke else 9)
@@ -214,8 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.probe_only:
         return asyncio.run(_probe_only(args))
-    with tempfile.TemporaryDirectory(prefix="ftbus-chaos-") as tmp:
-        result, ack_losses, fault_log = asyncio.run(chaos(args, Path(tmp)))
+    network, where = make_network(args.loopback)
+    print(f"  network: {where}", flush=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ftbus-chaos-") as tmp:
+            result, ack_losses, fault_log = asyncio.run(chaos(args, Path(tmp), network))
+    finally:
+        network_left = network.down() if network is not None else []
+    result.network = where
+    result.leftovers += network_left
     print(result.table())
     for loss in ack_losses:
         print(f"node death right after an ack ({loss.mode} killed, sync_interval {args.sync_interval}): "
@@ -226,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             "failed": result.failed, "requests": result.requests, "ok": result.ok, "lost": result.lost,
             "duplicated": result.duplicated, "wrong": result.wrong, "errors": dict(result.errors),
             "unsubmitted": result.unsubmitted, "leftovers": result.leftovers, "crashed": result.crashed,
-            "faults": dict(result.faults),
+            "faults": dict(result.faults), "network": where,
             "p50": result.percentile(50), "p99": result.percentile(99), "fault_log": fault_log,
             "ack_loss": [loss.__dict__ for loss in ack_losses],
         }, indent=2))

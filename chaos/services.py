@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chaos.network import Network
 from chaos.process import OwnedProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +60,8 @@ class Service(OwnedProcess):
     env: dict[str, str]
     log: Path
     concurrency: int = 1
+    host: int = 0  # the host (network namespace) it runs on; 0: this machine's own network
+    prefix: list[str] = field(default_factory=list)  # runs it on that host (nsenter)
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     starts: int = 0
     held: bool = False  # a fault is working on it: the supervisor leaves it alone
@@ -74,7 +77,8 @@ class Service(OwnedProcess):
         log = self.log.open("ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ftbus.cli", "worker", self.stage, "--concurrency", str(self.concurrency)],
+                [*self.prefix, sys.executable, "-m", "ftbus.cli", "worker", self.stage,
+                 "--concurrency", str(self.concurrency)],
                 cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )
         finally:
@@ -95,11 +99,14 @@ class Service(OwnedProcess):
 
 
 class Services:
-    """``per_stage`` workers of every stage (the aggregator included), each its own process."""
+    """``per_stage`` workers of every stage (the aggregator included), each its own process. With
+    ``network``, spread over its hosts in turn (data-1 h1, data-2 h2, train-1 h3, train-2 h1, ...):
+    the workers of a stage are on different hosts."""
 
     STAGES = ("data", "train", "bench", "judge", "aggregate")
 
-    def __init__(self, root: Path, settings: dict[str, object], per_stage: int = 2, concurrency: int = 1) -> None:
+    def __init__(self, root: Path, settings: dict[str, object], per_stage: int = 2, concurrency: int = 1,
+                 network: Network | None = None) -> None:
         root.mkdir(parents=True, exist_ok=True)
         env = service_env(settings)
         self.all = [
@@ -107,6 +114,10 @@ class Services:
             for stage in self.STAGES
             for i in range(1, per_stage + 1)
         ]
+        if network is not None:
+            for k, service in enumerate(self.all):
+                service.host = k % network.hosts + 1
+                service.prefix = network.exec_prefix(service.host)
 
     def of(self, stage: str) -> list[Service]:
         return [s for s in self.all if s.stage == stage]

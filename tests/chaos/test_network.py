@@ -1,0 +1,105 @@
+"""The chaos run's network (chaos/network.py), on its own: real namespaces, a real bridge, a real
+listener. Each fault cuts what it says and ``heal`` restores it; ``down`` leaves nothing, after a
+failure too. Skipped, saying why, where namespaces cannot be made (not root, tools missing)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from chaos.network import Network, NetworkUnavailable, namespaces, reap_stale
+
+WHY = Network.unavailable()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no network namespaces here: {WHY}")
+
+LISTENER = ("import socket, sys\n"
+            "s = socket.socket(); s.bind((sys.argv[1], 5555)); s.listen(16)\n"
+            "print('listening', flush=True)\n"
+            "while True: s.accept()[0].close()\n")
+
+
+def reaches(net: Network, where: list[str], address: str) -> bool:
+    """Whether a TCP connect from ``where`` (an exec prefix) to ``address``:5555 succeeds in 1 s."""
+    probe = f"import socket; socket.create_connection(('{address}', 5555), timeout=1).close()"
+    return subprocess.run([*where, sys.executable, "-c", probe], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture
+def net() -> Iterator[Network]:
+    network = Network(3, prefix=f"ftbus-chaos-{os.getpid()}-t")
+    network.up()
+    listener = subprocess.Popen([*network.exec_prefix(2), sys.executable, "-c", LISTENER, network.address(2)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        yield network
+    finally:
+        left = network.down()
+        listener.wait(timeout=10)
+        assert [x for x in left if not x.startswith("process ")] == [], left
+        assert network.leftovers() == []
+
+
+def test_each_fault_cuts_what_it_says_and_heal_restores(net: Network) -> None:
+    h1, h3, switch = net.exec_prefix(1), net.exec_prefix(3), ["nsenter", f"--net=/run/netns/{net.switch}", "--"]
+    h2 = net.address(2)
+    assert reaches(net, h1, h2) and reaches(net, h3, h2) and reaches(net, switch, h2)
+
+    net.cut(2, [1, 3])  # node-to-node: the other hosts lose it, the clients' switch does not
+    assert not reaches(net, h1, h2) and not reaches(net, h3, h2) and reaches(net, switch, h2)
+    net.heal()
+    assert reaches(net, h1, h2)
+
+    net.cut(2)  # isolated from everything
+    assert not reaches(net, h1, h2) and not reaches(net, switch, h2)
+    net.heal()
+    assert reaches(net, switch, h2)
+
+    net.link(2, False)
+    assert not reaches(net, h1, h2)
+    net.heal()  # also brings the link up
+    assert reaches(net, h1, h2)
+
+    net.degrade("1mbit", 200, 5)
+    assert "numgen random mod 100 < 5 drop" in net.rules(2)
+    assert "tbf" in subprocess.run([*net.exec_prefix(2), "tc", "qdisc", "show", "dev", "eth0"],
+                                   capture_output=True, text=True, check=True).stdout
+    net.heal()
+    assert "drop" not in net.rules(2)
+    assert reaches(net, h1, h2)
+
+
+def test_down_after_a_failure_leaves_no_namespace_link_or_process() -> None:
+    network = Network(3, prefix=f"ftbus-chaos-{os.getpid()}-f")
+    sleeper = None
+    with pytest.raises(RuntimeError, match="the run failed"):
+        try:
+            network.up()
+            sleeper = subprocess.Popen([*network.exec_prefix(1), "sleep", "300"])
+            raise RuntimeError("the run failed")
+        finally:
+            left = network.down()
+    assert sleeper is not None and sleeper.wait(timeout=10) == -9
+    assert left == [f"process {sleeper.pid} in {network.ns(1)}"]  # killed, and reported
+    assert not [n for n in namespaces() if n.startswith(network.prefix)]
+    assert network.leftovers() == []
+
+
+def test_a_failed_setup_removes_what_it_made() -> None:
+    network = Network(3, prefix=f"ftbus-chaos-{os.getpid()}-s")
+    subprocess.run(["ip", "netns", "add", network.ns(2)], check=True)  # in the way: h2 cannot be added
+    with pytest.raises(NetworkUnavailable, match="netns add"):
+        network.up()
+    assert network.leftovers() == []
+
+
+def test_namespaces_of_a_run_that_died_are_reaped() -> None:
+    dead = int(open("/proc/sys/kernel/pid_max").read())  # pids are below it: no process has it
+    name = f"ftbus-chaos-{dead}-h1"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    assert name in reap_stale()
+    assert name not in namespaces()
