@@ -46,8 +46,8 @@ FULL_SCHEDULE: list[tuple[float, str]] = [
     (335, "partition_leader"), (355, "kill_leader_after_ack"), (365, "kill_worker"), (375, "stop_worker"),
 ]
 SMOKE_SCHEDULE: list[tuple[float, str]] = [
-    (8, "kill_worker"), (14, "partition_leader"), (26, "stop_worker"), (38, "kill_leader"),
-    (46, "restart_aggregator"),
+    (6, "kill_worker"), (10, "partition_leader"), (24, "stop_worker"), (35, "kill_leader"),
+    (42, "restart_aggregator"),
 ]
 NETWORK_FAULTS = ("partition_leader", "split", "flap_link", "degrade_links")
 

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", type=Path, default=Path(tempfile.gettempdir()),
                         help="where a failed run's worker and server logs are copied")
     args = parser.parse_args(argv)
-    args.requests = args.requests or (28 if args.smoke else 140)
+    args.requests = args.requests or (24 if args.smoke else 140)
     args.rate = args.rate or (1.5 if args.smoke else 2.7)
     args.deadline = args.deadline or (150 if args.smoke else 540)
     args.probe_trials = args.probe_trials if args.probe_trials is not None else (2 if args.smoke else 9)

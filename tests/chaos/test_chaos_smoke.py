@@ -1,5 +1,5 @@
 """The chaos smoke (`python -m chaos.run --smoke`): a 3-node cluster, each node with its workers on
-its own host (a network namespace), two workers per stage, two aggregators, 28 requests of every
+its own host (a network namespace), two workers per stage, two aggregators, 24 requests of every
 kind, and a few faults (a worker SIGKILLed, the events leader's host cut off from the others for
 8 s, a worker SIGSTOPped past ack_wait, the events leader's node SIGKILLed, an aggregator
 restarted). Where namespaces cannot be made, the run stays on loopback without the partition: the
