@@ -234,11 +234,17 @@ STALE = re.compile(r"^ftbus-chaos-(\d+)-")
 
 
 def reap_stale() -> list[str]:
-    """Delete the namespaces of chaos runs whose process is gone (a run killed before its cleanup)."""
+    """Delete the namespaces of chaos runs whose process is gone (a run SIGKILLed before its
+    clean-up), after killing the processes it left in them."""
     reaped = []
     for name in namespaces():
         match = STALE.match(name)
         if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            for pid in _run("ip", "netns", "pids", name).split():
+                try:
+                    os.kill(int(pid), 9)
+                except ProcessLookupError:
+                    pass
             _run("ip", "netns", "del", name)
             reaped.append(name)
     return reaped

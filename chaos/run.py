@@ -19,6 +19,7 @@ import asyncio
 import json
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -238,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.probe_only:
         return asyncio.run(_probe_only(args))
+    # SIGTERM (a timeout, a CI job cancelled) unwinds like an error: every finally runs, the network's
+    # last of all, and kills whatever is still in its namespaces.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     network, where = make_network(args.loopback)
     print(f"  network: {where}", flush=True)
     try:

@@ -1,18 +1,23 @@
 """The chaos run's network (chaos/network.py), on its own: real namespaces, a real bridge, a real
 listener. Each fault cuts what it says and ``heal`` restores it; ``down`` leaves nothing, after a
-failure too. Skipped, saying why, where namespaces cannot be made (not root, tools missing)."""
+failure too, and when a whole chaos run is stopped by SIGTERM. Skipped, saying why, where namespaces
+cannot be made (not root, tools missing)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from chaos.network import Network, NetworkUnavailable, namespaces, reap_stale
 
+REPO = Path(__file__).resolve().parents[2]
 WHY = Network.unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no network namespaces here: {WHY}")
 
@@ -97,9 +102,40 @@ def test_a_failed_setup_removes_what_it_made() -> None:
     assert network.leftovers() == []
 
 
-def test_namespaces_of_a_run_that_died_are_reaped() -> None:
+def test_namespaces_of_a_run_that_died_are_reaped_with_their_processes() -> None:
     dead = int(open("/proc/sys/kernel/pid_max").read())  # pids are below it: no process has it
     name = f"ftbus-chaos-{dead}-h1"
     subprocess.run(["ip", "netns", "add", name], check=True)
+    orphan = subprocess.Popen(["nsenter", f"--net=/run/netns/{name}", "--", "sleep", "300"])
     assert name in reap_stale()
     assert name not in namespaces()
+    assert orphan.wait(timeout=10) == -9
+
+
+def pids_in(name: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False).stdout
+    return [int(pid) for pid in out.split()]
+
+
+@pytest.mark.timeout(300)
+def test_a_chaos_run_stopped_by_sigterm_leaves_no_namespace_or_process() -> None:
+    run = subprocess.Popen([sys.executable, "-m", "chaos.run", "--smoke"], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hosts = [f"ftbus-chaos-{run.pid}-h{h}" for h in (1, 2, 3)]
+    deadline = time.monotonic() + 180
+    inside: list[int] = []
+    while time.monotonic() < deadline and run.poll() is None:  # until each host runs a node and a worker
+        if set(hosts) <= set(namespaces()):
+            per_host = [pids_in(h) for h in hosts]
+            inside = [pid for pids in per_host for pid in pids]
+            if all(len(pids) >= 2 for pids in per_host):
+                break
+        time.sleep(0.2)
+    assert run.poll() is None and len(inside) >= 6, f"the run did not start its hosts: {inside}"
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == 128 + signal.SIGTERM
+    assert not [n for n in namespaces() if n.startswith(f"ftbus-chaos-{run.pid}-")]
+    deadline = time.monotonic() + 30  # killed; init reaps them
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in inside):
+        time.sleep(0.2)
+    assert [pid for pid in inside if os.path.exists(f"/proc/{pid}")] == []
