@@ -29,6 +29,7 @@ from typing import Literal
 from ftbus.bus_client import FtbusClient
 from shared.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from shared.events import WorkspaceFile
+from shared.paths import UnsafePath, safe_join
 from shared.retention import EXPIRED_MARKER, ExpiredMarker
 
 What = Literal["adapter", "merged"]
@@ -85,7 +86,10 @@ async def _download(store: ArtifactStore, request_id: str, files: list[Workspace
                     on_progress: PullProgress | None) -> None:
     for item in files:
         rel = item.path[len(OUTPUT_PREFIX):]
-        target = staging / rel
+        try:  # the verdict's paths name where files go on the user's disk: none may leave the folder
+            target = safe_join(staging, rel)
+        except UnsafePath as exc:
+            raise PullError(f"{item.path} of {request_id}: {exc}; nothing was written") from exc
         if await store.stat(item.ref.name) is None:
             expired = await expiry_message(store, request_id)
             if expired:

@@ -115,3 +115,26 @@ async def test_the_cli_pulls_and_says_what_it_wrote(settings: Settings, bus: Bus
     assert (tmp_path / "m" / "adapter_model.safetensors").read_bytes() == FILES["adapter_model.safetensors"]
     again = await asyncio.to_thread(cli, "req-5", "--to", str(tmp_path / "m"))
     assert again.returncode == 2 and "exists and is not an empty folder" in " ".join(again.stderr.split())
+
+async def test_an_output_path_that_climbs_out_is_refused_and_nothing_is_written(
+    settings: Settings, bus: Bus, client: FtbusClient, tmp_path: Path
+) -> None:
+    # The model folder is written where the user says, from the paths the verdict names (the store
+    # refuses such names itself, but a verdict's path is its own string): one that climbs out of the
+    # folder, or an absolute one, must write nothing anywhere.
+    from ftbus.pull import pull
+
+    models = await bus.models_artifacts()
+    for n, name in enumerate(("../escaped.txt", "/tmp/escaped-abs.txt", "sub/../../escaped.txt")):
+        rid = f"req-climb-{n}"
+        refs = [WorkspaceFile(path=f"output/{f}", ref=await models.put_bytes(f"{rid}/output/{f}", data))
+                for f, data in FILES.items()]
+        planted = WorkspaceFile(path=f"output/{name}", ref=await models.put_bytes(f"{rid}/output/planted", b"x"))
+        verdict = Verdict(request_id=rid, status="completed", execution="ok", return_checking="", code="",
+                          final_decision=True, artifacts=[*refs, planted])
+        await bus.publish(bus.subjects.verdict(rid), verdict, f"{rid}:aggregate:verdict")
+        with pytest.raises(PullError, match="unsafe path"):
+            await pull(client, rid, tmp_path / "pulls" / "model")
+        assert not (tmp_path / "pulls").exists() or list((tmp_path / "pulls").iterdir()) == []
+        assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "pulls" / "escaped.txt").exists()
+    assert not Path("/tmp/escaped-abs.txt").exists()
