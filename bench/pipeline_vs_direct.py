@@ -32,12 +32,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.real_tools import real_tool_settings  # noqa: E402
+from evaluation.lmeval import prepare_lm_eval_run  # noqa: E402
+from evaluation.models import select_model  # noqa: E402
+from evaluation.registry import load_benchmark  # noqa: E402
+from evaluation.splits import make_split  # noqa: E402
 from ftbus.bus_client import FtbusClient  # noqa: E402
 from ftbus.embedded import EmbeddedServer  # noqa: E402
-from services.benchmark.lmeval import prepare_lm_eval_run  # noqa: E402
-from services.benchmark.models import select_model  # noqa: E402
-from services.benchmark.registry import load_benchmark  # noqa: E402
-from services.benchmark.splits import make_split  # noqa: E402
 from services.data.env import data_processing_env  # noqa: E402
 from services.trainer.config import prepare_train_yaml  # noqa: E402
 from services.trainer.service import OFFLINE_ENV  # noqa: E402

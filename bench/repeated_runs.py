@@ -35,16 +35,16 @@ from rich.console import Console  # noqa: E402
 
 from bench.real_tools import real_tool_settings  # noqa: E402
 from bench.standin_pipeline import emit, median, stdout_to_stderr  # noqa: E402
-from services.benchmark.inference import InferenceConfig  # noqa: E402
-from services.benchmark.lmeval import parse_lm_eval_output  # noqa: E402
-from services.benchmark.models import select_model  # noqa: E402
-from services.benchmark.registry import load_benchmark  # noqa: E402
-from services.benchmark.runs import run_stats  # noqa: E402
-from services.benchmark.splits import make_split  # noqa: E402
-from services.benchmark.warm import WarmEngine, WarmSplit  # noqa: E402
+from evaluation.inference import InferenceConfig  # noqa: E402
+from evaluation.lmeval import parse_lm_eval_output  # noqa: E402
+from evaluation.models import select_model  # noqa: E402
+from evaluation.registry import load_benchmark  # noqa: E402
+from evaluation.runs import run_stats  # noqa: E402
+from evaluation.splits import make_split  # noqa: E402
+from evaluation.warm import WarmEngine, WarmSplit  # noqa: E402
+from runners.base import LocalRunner  # noqa: E402
 from shared.events import BenchmarkScores  # noqa: E402
 from shared.paired import compare_scores  # noqa: E402
-from shared.runner import LocalRunner  # noqa: E402
 
 console = Console(stderr=True)
 BENCHMARK = "tiny-sentiment"

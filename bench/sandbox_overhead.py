@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shared.docker_runner import DockerRunner, engine_client
-from shared.runner import LocalRunner, Runner
-from shared.sandbox import Sandbox, SandboxUnavailable
+from runners.base import LocalRunner, Runner
+from runners.docker import DockerRunner, engine_client
+from runners.sandbox import Sandbox, SandboxUnavailable
 from shared.settings import Settings
 
 

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.benchmark.catalogue import CATALOGUE
-from services.benchmark.importer import BenchmarkImportError, import_benchmark, list_benchmarks
+from evaluation.catalogue import CATALOGUE
+from evaluation.importer import BenchmarkImportError, import_benchmark, list_benchmarks
 from shared.settings import Settings
 
 out = Console()

@@ -175,8 +175,8 @@ def up(
 
 def _print_sandbox(settings: Settings) -> None:
     """Where candidate code runs; with no isolation, loudly (docs/sandbox.md)."""
-    from shared.sandbox import LOCAL_WARNING
-    from shared.stage_runner import describe_sandbox
+    from runners.choice import describe_sandbox
+    from runners.sandbox import LOCAL_WARNING
 
     if settings.sandbox == "local":
         err.print(f"[bold red]WARNING: {LOCAL_WARNING}[/]")
@@ -701,8 +701,8 @@ def assets_init(config: ConfigOpt = None) -> None:
 
 
 def _print_lm_eval(verdict: Verdict, view: Any, settings: Settings) -> int:
+    from evaluation.registry import load_benchmark
     from ftbus.lmeval_format import NoResults, lm_eval_results
-    from services.benchmark.registry import load_benchmark
 
     version = None
     if view is not None and view.task is not None:

@@ -23,9 +23,9 @@ from rich.console import Console
 
 from ftbus.assets import AssetsError, build_assets
 from ftbus.verdict_view import render_verdict
+from runners.choice import describe_sandbox
 from shared.events import Verdict
 from shared.settings import Settings
-from shared.stage_runner import describe_sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 FTBUS = [sys.executable, "-m", "ftbus.cli"]

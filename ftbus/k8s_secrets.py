@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ftbus.k8s_secrets", description=__doc__.splitlines()[0])
     parser.add_argument("--namespace", help="default: this pod's namespace")
     args = parser.parse_args(argv)
-    from shared.k8s_runner import kube_api, own_namespace
+    from runners.kubernetes import kube_api, own_namespace
 
     namespace = args.namespace or own_namespace()
     for name, added in generate(kube_api(), namespace).items():

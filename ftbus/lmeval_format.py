@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from services.benchmark.lmeval import TASK_PREFIX, task_name
+from evaluation.lmeval import TASK_PREFIX, task_name
 from shared.events import Verdict
 from shared.records import RequestStatusView
 

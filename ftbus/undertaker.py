@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             _stop_server(args.server, args.grace)
         except (ProcessLookupError, ValueError):
             pass
-    from shared.runner import reap_orphans
+    from runners.base import reap_orphans
 
     # Twice, a moment apart: a process may fork while the first pass runs.
     for _ in range(2):

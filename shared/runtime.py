@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel
 
+from runners.base import Runner
 from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
@@ -44,7 +45,6 @@ from shared.consumer import Slot
 from shared.events import CancelRequested, DeadLetter, Progress, Stage, StageRun
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
-from shared.runner import Runner
 from shared.settings import Settings
 from shared.subjects import Subjects, msg_id
 from shared.tasks import cancel_until_done
@@ -299,7 +299,7 @@ async def is_cancelled(bus: Bus, request_id: str) -> bool:
 class StageWorker:
     """Consumes one stage's messages (``concurrency`` at a time in this process) with its handler.
 
-    ``runner``: what runs candidate code (the sandbox: shared/stage_runner.py), None for a stage
+    ``runner``: what runs candidate code (the sandbox: runners/choice.py), None for a stage
     that runs none. ``policies`` say what happens around the handler (default:
     :func:`stage_policies`); ``dead_letter`` says which unreadable messages this consumer
     dead-letters (default: all).

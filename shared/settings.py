@@ -324,7 +324,7 @@ class Settings(BaseSettings):
         "replaces it.",
     )
 
-    # ------------------------------------------------------------------ disk quota of a run (shared/quota.py)
+    # ------------------------------------------------------------------ disk quota of a run (runners/quota.py)
     data_disk_quota_bytes: int = Field(
         default=8 * 2**30, gt=0, description="Disk a process_data.py run may fill in its folder before it is stopped."
     )

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from runners.base import Runner, reap_orphans
+from runners.choice import make_runner
+from runners.quota import with_quota
 from shared.events import FailedStage
 from shared.logs import get_logger
-from shared.quota import with_quota
-from shared.runner import Runner, reap_orphans
 from shared.runtime import Handler, Policy, StageWorker, stage_policies
 from shared.settings import Settings
-from shared.stage_runner import make_runner
 from shared.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class StageSpec:
     #: start where the sandbox cannot run.
     sandboxed: bool = False
     #: The disk its runs may fill in their working folder (a setting's value), watched by the quota
-    #: runner (shared/quota.py); None: not watched.
+    #: runner (runners/quota.py); None: not watched.
     disk_quota: Callable[[Settings], int] | None = None
     #: A service's own entry point (the aggregator's); by default one worker of this spec.
     entry: Callable[[Bus, asyncio.Event, int, Sequence[StageSpec]], Awaitable[None]] | None = None
@@ -140,7 +140,7 @@ class StageSpec:
     def worker(self, bus: Bus, pipeline: Sequence[StageSpec], *, concurrency: int = 1, runner: Runner | None = None,
                policies: Sequence[Policy] | None = None) -> StageWorker:
         """This stage's worker in ``pipeline``, its consumer filtered on what the stage reads there.
-        A stage that runs candidate code must be given its runner (the sandbox: shared/stage_runner.py)."""
+        A stage that runs candidate code must be given its runner (the sandbox: runners/choice.py)."""
         assert self.handler is not None, f"{self.stage} has no plain handler"
         if self.sandboxed and runner is None:
             raise ValueError(f"the {self.stage} stage runs candidate code: give its worker a runner")

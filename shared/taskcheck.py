@@ -13,7 +13,7 @@ from shared.events import TaskSpec
 from shared.modelpaths import available_models
 from shared.paths import UnsafePath, validate_relative_path
 
-BENCHMARK_DESCRIPTOR = "benchmark.yaml"  # as services/benchmark/registry.py reads it
+BENCHMARK_DESCRIPTOR = "benchmark.yaml"  # as evaluation/registry.py reads it
 
 
 class UnknownAsset(ValueError):

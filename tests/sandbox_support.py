@@ -10,8 +10,8 @@ import functools
 
 import pytest
 
-from shared.docker_runner import DockerRunner, engine_client
-from shared.sandbox import SandboxUnavailable
+from runners.docker import DockerRunner, engine_client
+from runners.sandbox import SandboxUnavailable
 from shared.settings import Settings
 
 

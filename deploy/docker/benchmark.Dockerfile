@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # GPU image for the benchmark stage: runs `lm_eval run --model hf ...` as rendered by
-# services/benchmark/lmeval.py, against a base model from /assets (read-only) plus the candidate's
+# evaluation/lmeval.py, against a base model from /assets (read-only) plus the candidate's
 # adapter or full model and the split's task files in /workspace. Build from the repository root:
 #
 #   docker build -f deploy/docker/benchmark.Dockerfile -t ftbus-benchmark .

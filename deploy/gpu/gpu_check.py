@@ -11,7 +11,7 @@ CUDA torch, vLLM, peft, LlamaFactory and lm-eval. Needs no network:
    (``lora_target: all``) and one with ``additional_target: embed_tokens,lm_head``
    (``modules_to_save``, which the reference merges);
 3. evaluates the base model and both adapters on both splits of tiny-sentiment on the bench
-   worker's warm engine (services/benchmark/warm.py + engine/ftbus_engine.py, which picks its
+   worker's warm engine (evaluation/warm.py + engine/ftbus_engine.py, which picks its
    lm-eval model through engine/vllm_support.py): one engine process, one model load per model;
 4. checks: lm-eval's vllm model was used with tensor parallelism over the GPUs given (the engine's
    log says what it loaded); one model load served both splits; the plain
@@ -273,13 +273,13 @@ def loaded_model(log_path: Path) -> tuple[str | None, dict[str, Any], float | No
 
 async def evaluate(args: argparse.Namespace, work: Path, assets: Path, model: Path, adapters: dict[str, Path],
                    deadline: Deadline) -> dict[str, dict[str, Any]]:
-    """The three models on the bench worker's warm engine (services/benchmark/warm.py): one engine
+    """The three models on the bench worker's warm engine (evaluation/warm.py): one engine
     process, one job (one model load) per model, both splits per job."""
-    from services.benchmark.models import select_model
-    from services.benchmark.registry import load_benchmark
-    from services.benchmark.splits import make_split
-    from services.benchmark.warm import WarmEngine, WarmSplit
-    from shared.runner import LocalRunner
+    from evaluation.models import select_model
+    from evaluation.registry import load_benchmark
+    from evaluation.splits import make_split
+    from evaluation.warm import WarmEngine, WarmSplit
+    from runners.base import LocalRunner
     from shared.settings import Settings
 
     settings = Settings(
@@ -309,7 +309,7 @@ async def evaluate(args: argparse.Namespace, work: Path, assets: Path, model: Pa
 def judge_model(name: str, result: dict[str, Any], args: argparse.Namespace, summary: Summary,
                 gpus: int) -> dict[str, Any] | None:
     """Check one model's runs; return its scores per split (None when a split failed)."""
-    from services.benchmark.lmeval import parse_lm_eval_output
+    from evaluation.lmeval import parse_lm_eval_output
 
     runs, spec, manifests = result["runs"], result["spec"], result["manifests"]
     failed = [f"{s}: {runs[s].error or 'exit ' + str(runs[s].result.exit_code)}\n{runs[s].result.output_tail[-1500:]}"

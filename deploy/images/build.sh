@@ -38,7 +38,7 @@ rm -f "$REPO"/build/wheels/ftbus-*.whl
 # Built from a copy of the sources: setuptools' own build/ folder stays out of the repository.
 src="$(mktemp -d "${TMPDIR:-/tmp}/ftbus-wheel.XXXXXX")"
 trap 'rm -rf "$src"' EXIT
-cp -a "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/shared" "$REPO/services" "$REPO/ftbus" "$src/"
+cp -a "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/shared" "$REPO/runners" "$REPO/evaluation" "$REPO/services" "$REPO/ftbus" "$src/"
 if ! "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$REPO/build/wheels" "$src" \
         >"$src/pip.log" 2>&1; then
     grep -v "^WARNING: Location 'file:" "$src/pip.log" >&2; log "pip wheel failed"; exit 1

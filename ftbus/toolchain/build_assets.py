@@ -349,7 +349,7 @@ GSM8K_SYNTH = {
     "subsets": [{"name": "word_numbers", "file": "word_numbers.jsonl"}],
 }
 #: The tiny model is evaluated greedily: its scores are the same run to run (docs/benchmarks.md).
-TINY_INFERENCE = "# Sampling of this model in benchmarks (services/benchmark/inference.py).\ngreedy: true\n"
+TINY_INFERENCE = "# Sampling of this model in benchmarks (evaluation/inference.py).\ngreedy: true\n"
 
 
 def build_gsm8k_synth(dest: Path, subsets: dict[str, list[dict[str, str]]]) -> None:

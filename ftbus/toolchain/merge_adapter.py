@@ -4,7 +4,7 @@ records beside it.
 
 Run by a Python that has torch, transformers and peft (the toolchain's):
     python merge_adapter.py ENGINE_DIR ADAPTER_DIR BASE_MODEL_DIR OUT_DIR
-ENGINE_DIR holds ``vllm_support.py`` (services/benchmark/engine/). OUT_DIR gets a model that
+ENGINE_DIR holds ``vllm_support.py`` (evaluation/engine/). OUT_DIR gets a model that
 ``AutoModelForCausalLM.from_pretrained`` loads with no adapter.
 """
 

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from services.benchmark.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPARE_ERRORS, parse_run, prepare_run
-from services.benchmark.grading import GradingUnavailable, grade_split
-from services.benchmark.inference import InferenceConfig, InferenceError, inference_for
-from services.benchmark.models import ModelSelection, select_model
-from services.benchmark.registry import BenchmarkError, BenchmarkSpec, load_benchmark
-from services.benchmark.runs import effective_runs
-from services.benchmark.splits import SplitManifest, make_split
-from services.benchmark.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
+from evaluation.backends import LABELS, LOG_FILES, OUTPUT_ERRORS, PREPARE_ERRORS, parse_run, prepare_run
+from evaluation.grading import GradingUnavailable, grade_split
+from evaluation.inference import InferenceConfig, InferenceError, inference_for
+from evaluation.models import ModelSelection, select_model
+from evaluation.registry import BenchmarkError, BenchmarkSpec, load_benchmark
+from evaluation.runs import effective_runs
+from evaluation.splits import SplitManifest, make_split
+from evaluation.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
+from runners.base import EXIT_TIMEOUT, RunResult
+from runners.sandbox import Sandbox
 from shared.artifacts import ArtifactStore, materialise
 from shared.events import (
     ArtifactRef,
@@ -39,9 +41,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paired import compare_scores
-from shared.runner import EXIT_TIMEOUT, RunResult
 from shared.runtime import Outgoing, StageContext
-from shared.sandbox import Sandbox
 from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.benchmark")
@@ -407,7 +407,7 @@ SPEC = StageSpec(
     emits=lambda s: [s.completed("bench"), s.failed("bench"), s.bench_test],
     handler=handle,
     sandboxed=True,
-    # The worker's warm engine (services/benchmark/warm.py) stops with it.
+    # The worker's warm engine (evaluation/warm.py) stops with it.
     extra_policies=lambda: (EnginePolicy(),),
     result=BenchResult,
     record_name=FailedStage.benchmark,

@@ -15,6 +15,8 @@ import tempfile
 import weakref
 from pathlib import Path
 
+from runners.base import EXIT_TIMEOUT, RunResult
+from runners.sandbox import Sandbox
 from services.data.cache import data_cache_key
 from services.data.env import data_processing_env
 from services.data.gateway import Budget, LlmGateway
@@ -35,9 +37,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paths import UnsafePath, regular_file_in
-from shared.runner import EXIT_TIMEOUT, RunResult
 from shared.runtime import Outgoing, StageContext
-from shared.sandbox import Sandbox
 from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.data")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT
+from runners.base import EXIT_OOM_KILLED, EXIT_TIMEOUT
 
 ERROR_MAX_CHARS = 4000
 TAIL_MAX_CHARS = 2000

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from runners.base import EXIT_TIMEOUT
 from shared.events import BenchResult, DataResult, FailedStage, StageOutcome, TrainResult
 from shared.paired import compare_scores
-from shared.runner import EXIT_TIMEOUT
 from shared.statistics import PairedComparison
 
 JudgedEvent = DataResult | TrainResult | BenchResult

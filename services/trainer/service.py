@@ -12,6 +12,8 @@ import contextlib
 import shlex
 from pathlib import Path
 
+from runners.base import EXIT_TIMEOUT
+from runners.sandbox import Sandbox
 from services.trainer.config import TrainConfigError, prepare_train_yaml
 from services.trainer.outputs import extract_loss_history, find_model_files, output_files_to_keep
 from services.trainer.progress import TrainerLogFollower
@@ -27,9 +29,7 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
-from shared.runner import EXIT_TIMEOUT
 from shared.runtime import Outgoing, StageContext
-from shared.sandbox import Sandbox
 from shared.stagespec import StageSpec
 
 log = get_logger("ftbus.trainer")

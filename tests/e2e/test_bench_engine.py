@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from services.benchmark.lmeval import parse_lm_eval_output
-from services.benchmark.models import select_model
-from services.benchmark.registry import load_benchmark
-from services.benchmark.splits import make_split
-from services.benchmark.warm import WarmEngine, WarmSplit
-from shared.docker_runner import DockerRunner, engine_client
-from shared.runner import LocalRunner
+from evaluation.lmeval import parse_lm_eval_output
+from evaluation.models import select_model
+from evaluation.registry import load_benchmark
+from evaluation.splits import make_split
+from evaluation.warm import WarmEngine, WarmSplit
+from runners.base import LocalRunner
+from runners.docker import DockerRunner, engine_client
 from shared.settings import Settings
 from tests.sandbox_support import require_sandbox
 
@@ -195,8 +195,8 @@ async def test_repeated_runs_are_one_batch_per_item_and_greedy_runs_are_identica
     """num_runs on the warm engine: lm-eval's repeats, each item's runs one batched generation. Greedy
     runs of one model on the same items give identical outputs, within a job and from job to job;
     sampled runs differ from one another."""
-    from services.benchmark.inference import InferenceConfig
-    from services.benchmark.lmeval import read_lm_eval_output
+    from evaluation.inference import InferenceConfig
+    from evaluation.lmeval import read_lm_eval_output
 
     settings = _settings(tmp_path, real_assets, toolchain_bin)
     engine = WarmEngine(LocalRunner(settings.passthrough_env, path_prefix=[toolchain_bin]), settings,

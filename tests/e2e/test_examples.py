@@ -159,8 +159,8 @@ async def _pulled_model_answers_as_scored(pipeline: Pipeline, rid: str, verdict:
     """`ftbus pull` of the candidate: peft loads the adapter on the tiny base model (and transformers
     the merged model), and each generates, for every validation review of a subset, the answer the
     benchmark scored: the error sample's output where it was wrong, the gold answer where right."""
+    from evaluation.models import has_chat_template
     from ftbus.pull import pull
-    from services.benchmark.models import has_chat_template
 
     adapter = await pull(pipeline.client, rid, tmp_path / "adapter")
     assert adapter.model_kind == "lora"
@@ -180,7 +180,7 @@ async def _pulled_model_answers_as_scored(pipeline: Pipeline, rid: str, verdict:
     expected = [wrong.get(r["question"], r["answer"]).strip().lower() for r in reviews]
     job = {"base": str(assets / "models" / "tiny-llama"), "adapter": str(adapter.path), "merged": str(merged.path),
            "prompts": [r["question"] for r in reviews], "max_new_tokens": 16, "until": ["\n"],
-           # as the bench stage decides it for lm-eval (services/benchmark/lmeval.py, chat_template_for)
+           # as the bench stage decides it for lm-eval (evaluation/lmeval.py, chat_template_for)
            "chat": has_chat_template(assets / "models" / "tiny-llama")}
     proc = await asyncio.to_thread(
         subprocess.run, [str(toolchain_bin / "python"), str(Path(__file__).with_name("peft_generate.py"))],
@@ -195,7 +195,7 @@ async def _pulled_model_answers_as_scored(pipeline: Pipeline, rid: str, verdict:
 async def test_the_opencompass_backend_runs_the_pipeline(
     nats_server: EmbeddedServer, real_assets: Path, toolchain_bin: Path, tmp_path: Path
 ) -> None:
-    from services.benchmark.backends import opencompass_bin
+    from evaluation.backends import opencompass_bin
 
     if opencompass_bin() is None:
         pytest.skip("the OpenCompass environment is not installed: run `make opencompass` (not part of make test)")

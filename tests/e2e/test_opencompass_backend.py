@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.benchmark import backends
-from services.benchmark.models import ModelSelection, select_model
-from services.benchmark.registry import load_benchmark
-from services.benchmark.splits import SplitManifest, make_split
+from evaluation import backends
+from evaluation.models import ModelSelection, select_model
+from evaluation.registry import load_benchmark
+from evaluation.splits import SplitManifest, make_split
 from shared.events import BenchmarkScores
 from shared.settings import Settings
 

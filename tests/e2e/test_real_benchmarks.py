@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from services.benchmark.grading import grade_split
-from services.benchmark.importer import import_benchmark
-from services.benchmark.inference import inference_for
-from services.benchmark.models import select_model
-from services.benchmark.registry import load_benchmark
-from services.benchmark.splits import make_split
-from services.benchmark.warm import WarmEngine, WarmSplit
-from shared.docker_runner import DockerRunner, engine_client
+from evaluation.grading import grade_split
+from evaluation.importer import import_benchmark
+from evaluation.inference import inference_for
+from evaluation.models import select_model
+from evaluation.registry import load_benchmark
+from evaluation.splits import make_split
+from evaluation.warm import WarmEngine, WarmSplit
+from runners.docker import DockerRunner, engine_client
 from shared.settings import Settings
 from tests.sandbox_support import require_sandbox
 

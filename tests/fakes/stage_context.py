@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runners.base import EXIT_TIMEOUT, RunResult
+from runners.sandbox import Sandbox
 from shared.artifacts import validate_name
 from shared.events import ArtifactRef, Progress, RequestContext, Stage, TaskSpec, WorkspaceFile
-from shared.runner import EXIT_TIMEOUT, RunResult
 from shared.runtime import StageContext
-from shared.sandbox import Sandbox
 from shared.settings import Settings
 from shared.subjects import Subjects
 

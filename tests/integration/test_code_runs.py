@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.benchmark.executor import CodeExecutor
-from services.benchmark.grading import grade_split
-from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import task_name
-from services.benchmark.registry import load_benchmark
-from services.benchmark.splits import make_split
+from evaluation.executor import CodeExecutor
+from evaluation.grading import grade_split
+from evaluation.inference import InferenceConfig
+from evaluation.lmeval import task_name
+from evaluation.registry import load_benchmark
+from evaluation.splits import make_split
 from shared.settings import Settings
 from tests.sandbox_support import require_sandbox
 

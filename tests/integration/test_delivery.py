@@ -23,6 +23,7 @@ import pytest
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from ftbus.stages import PIPELINE
+from runners.choice import make_runner
 from services.trainer import service as trainer
 from shared import codec
 from shared.bus import Bus
@@ -41,7 +42,6 @@ from shared.events import (
 from shared.records import RequestRecord
 from shared.runtime import StageContext, StageWorker
 from shared.settings import Settings
-from shared.stage_runner import make_runner
 from tests.fakes.judge_events import context as fake_context
 from tests.integration.conftest import Pipeline, write_workspace
 

@@ -9,12 +9,12 @@ import asyncio
 import itertools
 
 from ftbus.stages import PIPELINE
+from runners.choice import make_runner
 from services.trainer.service import SPEC as TRAIN_SPEC
 from shared.bus import Bus
 from shared.events import DataResult, Stage
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.settings import Settings
-from shared.stage_runner import make_runner
 from tests.integration.test_delivery import poll
 from tests.integration.test_stage_runtime import acked, result_of, send, stage_policies
 

@@ -1,5 +1,5 @@
 """Hostile workspaces: each gets a clear verdict (or a clear refusal at submit) while the services
-stay up and the run's disk stays within its quota (shared/quota.py).
+stay up and the run's disk stays within its quota (runners/quota.py).
 
 Client side (refused before upload): a huge file, 100k small files, symlinks, FIFOs, names that
 are not UTF-8, folders nested past the path limit. Server side (a verdict): a YAML alias bomb, a
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from runners.quota import measure
 from shared.artifacts import WorkspaceTooLarge
 from shared.events import Stage, TaskSpec, Timeouts
 from shared.paths import UnsafePath
-from shared.quota import measure
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, write_workspace
 

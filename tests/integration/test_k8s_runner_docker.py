@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from shared.k8s_runner import KubernetesRunner
-from shared.sandbox import Sandbox
+from runners.kubernetes import KubernetesRunner
+from runners.sandbox import Sandbox
 from tests.k8s_api import FakeKubernetes
 from tests.sandbox_support import require_sandbox
 

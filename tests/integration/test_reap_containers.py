@@ -1,6 +1,6 @@
 """Sandbox containers of a worker that ran in a container of the same engine (a compose service, a
 replaced container) are reaped once that container is gone, and not before; those of a worker on
-another machine are left alone (shared/docker_runner.py: reap_containers). A real Docker engine."""
+another machine are left alone (runners/docker.py: reap_containers). A real Docker engine."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import docker
 import pytest
 
-from shared.docker_runner import LABEL_OWNER, LABEL_OWNER_CONTAINER, container_of_host, engine_client, reap_containers
+from runners.docker import LABEL_OWNER, LABEL_OWNER_CONTAINER, container_of_host, engine_client, reap_containers
 from tests.sandbox_support import require_sandbox
 
 

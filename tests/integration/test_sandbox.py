@@ -23,11 +23,11 @@ import docker.models.containers
 import pytest
 
 from ftbus.embedded import EmbeddedServer
-from shared.docker_runner import LABEL_OWNER, DockerRunner, engine_client, reap_containers
+from runners.base import EXIT_OOM_KILLED, EXIT_TIMEOUT
+from runners.docker import LABEL_OWNER, DockerRunner, engine_client, reap_containers
+from runners.sandbox import Sandbox
 from shared.events import Stage, TaskSpec, Verdict
 from shared.logs import bound
-from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT
-from shared.sandbox import Sandbox
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, write_workspace
 from tests.sandbox_support import require_sandbox

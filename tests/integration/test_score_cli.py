@@ -156,7 +156,7 @@ def test_missing_files_and_benchmarks_are_usage_errors(assets: Path, tmp_path: P
 
 
 def test_the_catalogues_humaneval_scores_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.benchmark.importer import import_benchmark
+    from evaluation.importer import import_benchmark
 
     _sandbox()
     monkeypatch.setenv("FTBUS_HOME", str(tmp_path / "home"))

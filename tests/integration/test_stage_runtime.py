@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import msgpack
 from structlog.testing import capture_logs
 
+from runners.choice import make_runner
 from shared import codec
 from shared.bus import Bus
 from shared.events import DataResult, Stage, TrainResult
@@ -26,7 +27,6 @@ from shared.runtime import (
     StageContext,
     StageWorker,
 )
-from shared.stage_runner import make_runner
 from shared.subjects import msg_id
 from tests.fakes.judge_events import data_failed, train_failed
 from tests.integration.test_delivery import caught_up, poll

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.benchmark import answer_check
-from services.benchmark.answer_check import (
+from evaluation import answer_check
+from evaluation.answer_check import (
     NO_LLM_NOTE,
     AnswerCase,
     AnswerCheck,

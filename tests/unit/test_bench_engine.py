@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.benchmark.warm import ENGINE_SCRIPT, OWNER_FILE, WarmEngine, _link_files, engines_dir, reap_engine_folders
-from shared.runner import LocalRunner
-from shared.sandbox import host_identity
+from evaluation.warm import ENGINE_SCRIPT, OWNER_FILE, WarmEngine, _link_files, engines_dir, reap_engine_folders
+from runners.base import LocalRunner
+from runners.sandbox import host_identity
 from shared.settings import Settings
 
 
@@ -50,7 +50,7 @@ def test_base_models_are_seen_in_place_anything_else_through_the_exchange(tmp_pa
 
 def test_the_engine_script_imports_nothing_of_ftbus() -> None:
     text = ENGINE_SCRIPT.read_text()
-    for package in ("services", "shared", "ftbus."):
+    for package in ("services", "shared", "evaluation", "runners", "ftbus."):
         assert f"from {package}" not in text and f"import {package}" not in text
 
 

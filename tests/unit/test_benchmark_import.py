@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from evaluation.importer import BenchmarkImportError, import_benchmark
+from evaluation.registry import load_benchmark
 from ftbus.cli import app
-from services.benchmark.importer import BenchmarkImportError, import_benchmark
-from services.benchmark.registry import load_benchmark
 
 
 def _parquet(path: Path, rows: list[dict]) -> Path:
@@ -326,7 +326,7 @@ def test_max_rows_imports_the_first_rows_and_says_so(tmp_path: Path) -> None:
 
 
 def test_ls_lists_split_sizes_and_broken_benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from services.benchmark.importer import list_benchmarks
+    from evaluation.importer import list_benchmarks
 
     assets = tmp_path / "assets"
     mmlu = [{"question": f"Q{i}", "subject": s, "choices": ["w", "x", "y", "z"], "answer": i % 4}

@@ -1,4 +1,4 @@
-"""Benchmark registry and validation/test splits (services/benchmark/registry.py, splits.py)."""
+"""Benchmark registry and validation/test splits (evaluation/registry.py, splits.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from services.benchmark.registry import (
+from evaluation.registry import (
     BenchmarkError,
     BenchmarkNotFoundError,
     available_benchmarks,
     load_benchmark,
 )
-from services.benchmark.splits import make_split, split_bounds, split_items, write_split_data
+from evaluation.splits import make_split, split_bounds, split_items, write_split_data
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lmeval"
 ASSETS = FIXTURES / "assets"

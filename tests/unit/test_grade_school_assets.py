@@ -3,9 +3,9 @@ and held out: no benchmark question, name or object occurs in the training recor
 
 from __future__ import annotations
 
+from evaluation.registry import BenchmarkItem
+from evaluation.scorers import check_gold, score_text
 from ftbus.toolchain.build_assets import ARITH_NAMES, ARITH_OBJECTS, GSM8K_SYNTH, grade_school_items
-from services.benchmark.registry import BenchmarkItem
-from services.benchmark.scorers import check_gold, score_text
 
 
 def test_the_benchmark_is_held_out_of_the_training_records() -> None:

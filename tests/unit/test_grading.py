@@ -12,11 +12,11 @@ import jinja2
 import pytest
 import yaml
 
-from services.benchmark.grading import grade_split
-from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import letter_task_name, render_task_config, task_name, write_task_configs
-from services.benchmark.registry import load_benchmark
-from services.benchmark.splits import make_split
+from evaluation.grading import grade_split
+from evaluation.inference import InferenceConfig
+from evaluation.lmeval import letter_task_name, render_task_config, task_name, write_task_configs
+from evaluation.registry import load_benchmark
+from evaluation.splits import make_split
 from shared.settings import Settings
 
 STAMP = "2026-12-02T10-00-00.000000"

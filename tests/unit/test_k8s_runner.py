@@ -1,4 +1,4 @@
-"""The Kubernetes runner (shared/k8s_runner.py) through the real `kubernetes` client.
+"""The Kubernetes runner (runners/kubernetes.py) through the real `kubernetes` client.
 
 No Kubernetes can run here: the client talks to tests/k8s_api.py, a local HTTP server on 127.0.0.1
 that speaks the API for the calls the runner makes (pods: create, read, list, watch, delete, log,
@@ -21,7 +21,8 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
-from shared.k8s_runner import (
+from runners.base import Runner
+from runners.kubernetes import (
     ANNOTATION_OWNER,
     ANNOTATION_OWNER_POD,
     ANNOTATION_OWNER_UID,
@@ -30,8 +31,7 @@ from shared.k8s_runner import (
     gpu_count,
     reap_pods,
 )
-from shared.runner import Runner
-from shared.sandbox import Sandbox, SandboxUnavailable, host_identity
+from runners.sandbox import Sandbox, SandboxUnavailable, host_identity
 from tests.k8s_api import FakeKubernetes
 
 IMAGE = "ftbus-sandbox:0.1.0"
@@ -244,7 +244,7 @@ def test_gpus_are_a_count_the_device_plugin_gives(monkeypatch: pytest.MonkeyPatc
 def test_the_gpus_a_device_plugin_gave_are_the_ones_a_container_gets(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker container given GPUs by Kubernetes' device plugin sees NVIDIA_VISIBLE_DEVICES, not
     CUDA_VISIBLE_DEVICES: an engine beside it must pass on exactly those."""
-    from shared.docker_runner import gpu_request
+    from runners.docker import gpu_request
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-8a1f,GPU-77c2")
@@ -257,8 +257,8 @@ def test_the_gpus_a_device_plugin_gave_are_the_ones_a_container_gets(monkeypatch
 
 def test_sandbox_kubernetes_gives_workers_the_pod_runner(cluster: tuple[FakeKubernetes, Path], tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from runners.choice import describe_sandbox, make_runner
     from shared.settings import Settings
-    from shared.stage_runner import describe_sandbox, make_runner
 
     server, _ = cluster
     kubeconfig = tmp_path / "kubeconfig"

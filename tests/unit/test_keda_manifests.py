@@ -127,7 +127,7 @@ def test_gpu_stages_one_gpu_per_pod_and_scale_to_zero() -> None:
     for stage in GPU_STAGES:
         deployment = _deployment(stage)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        # One GPU per pod: each run's pod requests it (FTBUS_SANDBOX_GPUS, shared/k8s_runner.py); the
+        # One GPU per pod: each run's pod requests it (FTBUS_SANDBOX_GPUS, runners/kubernetes.py); the
         # worker itself holds none, so a scaled-out worker idles no GPU between runs.
         assert "nvidia.com/gpu" not in str(container["resources"])
         assert {e["name"]: e.get("value") for e in container["env"]}["FTBUS_SANDBOX_GPUS"] == "1"

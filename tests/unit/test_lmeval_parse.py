@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.benchmark.lmeval import (
+from evaluation.lmeval import (
     LmEvalOutputError,
     build_lm_eval_command,
     lm_eval_env,
@@ -18,9 +18,9 @@ from services.benchmark.lmeval import (
     render_task_config,
     task_name,
 )
-from services.benchmark.models import ModelSelection, has_chat_template, select_model
-from services.benchmark.registry import load_benchmark
-from services.benchmark.splits import SplitManifest, make_split
+from evaluation.models import ModelSelection, has_chat_template, select_model
+from evaluation.registry import load_benchmark
+from evaluation.splits import SplitManifest, make_split
 from shared.events import BenchmarkScores
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lmeval"

@@ -1,7 +1,7 @@
 """OpenCompass backend: config rendering, and parsing of REAL OpenCompass 0.5.4 output
 (tests/fixtures/opencompass, captured from the env deploy/opencompass/install.sh builds).
 
-Also the backend dispatch (services/benchmark/backends.py), checked against both backends' fixtures.
+Also the backend dispatch (evaluation/backends.py), checked against both backends' fixtures.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.benchmark import backends
-from services.benchmark.lmeval import parse_lm_eval_output
-from services.benchmark.models import ModelSelection
-from services.benchmark.opencompass import (
+from evaluation import backends
+from evaluation.lmeval import parse_lm_eval_output
+from evaluation.models import ModelSelection
+from evaluation.opencompass import (
     MODEL_ABBR,
     PLUGIN_MODULE,
     PLUGIN_SOURCE,
@@ -31,8 +31,8 @@ from services.benchmark.opencompass import (
     prepare_opencompass_run,
     read_summary,
 )
-from services.benchmark.registry import BenchmarkSpec, load_benchmark
-from services.benchmark.splits import SplitManifest, make_split
+from evaluation.registry import BenchmarkSpec, load_benchmark
+from evaluation.splits import SplitManifest, make_split
 from shared.events import BenchmarkScores
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -392,4 +392,4 @@ def test_both_backends_keep_the_backend_protocol_and_neither_imports_the_other()
     for mine, other in (("lmeval", "opencompass"), ("opencompass", "lmeval")):
         tree = ast.parse((folder / f"{mine}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-        assert f"services.benchmark.{other}" not in imported, f"{mine} imports {other}"
+        assert f"evaluation.{other}" not in imported, f"{mine} imports {other}"

@@ -1,4 +1,4 @@
-"""The disk quota watchdog (shared/quota.py) around a real LocalRunner run."""
+"""The disk quota watchdog (runners/quota.py) around a real LocalRunner run."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from shared.quota import EXIT_QUOTA, QuotaWatchdog, measure, with_quota
-from shared.runner import LocalRunner
+from runners.base import LocalRunner
+from runners.quota import EXIT_QUOTA, QuotaWatchdog, measure, with_quota
 
 MB = 2**20
 

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from services.benchmark.grading import grade_split
-from services.benchmark.inference import InferenceConfig, InferenceError, inference_for
-from services.benchmark.lmeval import parse_lm_eval_output, prepare_lm_eval_run, render_task_config, task_name
-from services.benchmark.models import select_model
-from services.benchmark.registry import BenchmarkError, load_benchmark
-from services.benchmark.runs import effective_runs, run_stats
+from evaluation.grading import grade_split
+from evaluation.inference import InferenceConfig, InferenceError, inference_for
+from evaluation.lmeval import parse_lm_eval_output, prepare_lm_eval_run, render_task_config, task_name
+from evaluation.models import select_model
+from evaluation.registry import BenchmarkError, load_benchmark
+from evaluation.runs import effective_runs, run_stats
+from evaluation.splits import make_split
 from services.benchmark.service import baseline_key
-from services.benchmark.splits import make_split
 from shared.events import BenchmarkScores
 from shared.paired import compare_scores
 from shared.settings import Settings

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.runner import LocalRunner, Runner, RunResult
+from runners.base import LocalRunner, Runner, RunResult
 
 PY = sys.executable
 LONG = "300"  # seconds: far beyond any test; the runner must kill these

@@ -19,7 +19,7 @@ WORKER = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from shared.runner import LocalRunner
+    from runners.base import LocalRunner
 
     async def main():
         tmp = Path(sys.argv[1])
@@ -62,7 +62,7 @@ GRANDCHILD_WORKER = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from shared.runner import LocalRunner
+    from runners.base import LocalRunner
 
     async def main():
         tmp = Path(sys.argv[1])
@@ -85,7 +85,7 @@ def _parent(pid: int) -> int | None:
 
 
 def test_orphaned_grandchildren_are_reaped_by_the_next_worker(tmp_path: Path) -> None:
-    from shared.runner import reap_orphans
+    from runners.base import reap_orphans
 
     repo = Path(__file__).resolve().parents[2]
     worker = subprocess.Popen([sys.executable, "-c", GRANDCHILD_WORKER, str(tmp_path)], cwd=repo,

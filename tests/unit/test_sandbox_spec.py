@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from runners.docker import DockerRunner, gateway_command, gpu_request, parse_size
+from runners.sandbox import Sandbox, owner_alive
 from services.benchmark.service import drop_pickled_weights
-from shared.docker_runner import DockerRunner, gateway_command, gpu_request, parse_size
 from shared.paths import UnsafePath, regular_file_in
-from shared.sandbox import Sandbox, owner_alive
 
 
 class _NoEngine:
@@ -136,10 +136,10 @@ def test_pickled_weights_are_never_loaded(tmp_path: Path) -> None:
 def test_without_an_engine_a_worker_refuses_to_run_candidate_code(monkeypatch: pytest.MonkeyPatch,
                                                                   tmp_path: Path) -> None:
     """auto and docker never fall back to running hostile code unisolated; local must be chosen."""
-    from shared.runner import LocalRunner
-    from shared.sandbox import SandboxUnavailable
+    from runners.base import LocalRunner
+    from runners.choice import make_runner
+    from runners.sandbox import SandboxUnavailable
     from shared.settings import Settings
-    from shared.stage_runner import make_runner
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     for choice in ("auto", "docker"):

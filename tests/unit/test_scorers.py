@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from services.benchmark.registry import BenchmarkItem
-from services.benchmark.scorers import (
+from evaluation.registry import BenchmarkItem
+from evaluation.scorers import (
     check_gold,
     exact_match,
     extract_choice_letter,

@@ -14,10 +14,10 @@ import msgpack
 import pytest
 from nats.js.api import PubAck
 
+from runners.base import LocalRunner
 from shared import codec
 from shared.events import CancelRequested, DataResult, DeadLetter, Progress, Stage, TrainResult
 from shared.records import RequestStatusView
-from shared.runner import LocalRunner
 from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.subjects import msg_id
 from tests.fakes.judge_events import context, data_summary, train_summary

@@ -1,4 +1,4 @@
-"""services/benchmark/engine/vllm_support.py: which lm-eval model the warm engine loads, and the merge.
+"""evaluation/engine/vllm_support.py: which lm-eval model the warm engine loads, and the merge.
 
 The module runs inside the fine-tuning toolchain, beside the engine script, so it is loaded here by
 path (as the engine loads it); it must import nothing but the standard library at import time. The
@@ -20,7 +20,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE_PATH = ROOT / "services" / "benchmark" / "engine" / "vllm_support.py"
+MODULE_PATH = ROOT / "evaluation" / "engine" / "vllm_support.py"
 GPU_CHECK = ROOT / "deploy" / "gpu" / "gpu_check.py"
 
 
@@ -77,7 +77,7 @@ def test_imports_only_the_standard_library() -> None:
         spec = importlib.util.spec_from_file_location("m", {str(MODULE_PATH)!r})
         m = importlib.util.module_from_spec(spec); sys.modules["m"] = m; spec.loader.exec_module(m)
         heavy = sorted(n for n in ("torch", "transformers", "peft", "vllm", "lm_eval", "pydantic", "shared",
-                                   "services") if n in sys.modules)
+                                   "evaluation", "services") if n in sys.modules)
         print(",".join(heavy) or "none")
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
@@ -86,7 +86,7 @@ def test_imports_only_the_standard_library() -> None:
 
 
 def test_importable_as_a_package_module_too() -> None:
-    from services.benchmark.engine import vllm_support
+    from evaluation.engine import vllm_support
 
     assert vllm_support.lm_eval_model.__name__ == "lm_eval_model"
     assert vllm_support.VLLM_LORA_RANKS == vs.VLLM_LORA_RANKS

@@ -19,23 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 
-from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import LmEvalOutputError, parse_lm_eval_output, prepare_lm_eval_run
-from services.benchmark.models import ModelSelection
-from services.benchmark.opencompass import (
+from evaluation.inference import InferenceConfig
+from evaluation.lmeval import LmEvalOutputError, parse_lm_eval_output, prepare_lm_eval_run
+from evaluation.models import ModelSelection
+from evaluation.opencompass import (
     OpenCompassOutputError,
     OpenCompassUnsupported,
     parse_opencompass_output,
     prepare_opencompass_run,
 )
-from services.benchmark.registry import BenchmarkSpec
-from services.benchmark.splits import SplitManifest
+from evaluation.registry import BenchmarkSpec
+from evaluation.splits import SplitManifest
 from shared.events import BenchmarkScores
 
 BackendName = Literal["lm-eval", "opencompass"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 
-REPO_OPENCOMPASS_BIN = Path(__file__).resolve().parents[2] / ".opencompass" / "bin"
+REPO_OPENCOMPASS_BIN = Path(__file__).resolve().parents[1] / ".opencompass" / "bin"
 
 
 class BackendUnavailable(RuntimeError):
@@ -64,7 +64,7 @@ class Backend:
 
     Whichever backend did the work is invisible in ``BenchmarkScores`` (same subset keys, metric
     names and 0-1 scale); each parses its own output format, on the scoring both share
-    (services/benchmark/scoring.py), and neither imports the other."""
+    (evaluation/scoring.py), and neither imports the other."""
 
     name: str
     label: str  # for messages

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.benchmark.models import ModelSelection, has_chat_template
-from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
-from services.benchmark.scoring import assemble_scores, evaluated_subsets
-from services.benchmark.splits import SplitManifest, split_items, write_split_data
+from evaluation.models import ModelSelection, has_chat_template
+from evaluation.registry import BenchmarkItem, BenchmarkSpec
+from evaluation.scoring import assemble_scores, evaluated_subsets
+from evaluation.splits import SplitManifest, split_items, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 from shared.offline import OFFLINE_ENV
 
@@ -236,7 +236,7 @@ def render_config(datasets: list[dict[str, Any]], model: dict[str, Any], work_di
         by_module.setdefault(module, []).append(name)
     imports = "\n".join(f"from {m} import {', '.join(sorted(names))}" for m, names in by_module.items())
     return (
-        "# Written by ftbus (services/benchmark/opencompass.py) for one benchmark split.\n"
+        "# Written by ftbus (evaluation/opencompass.py) for one benchmark split.\n"
         f"{imports}\n\n"
         f"datasets = {_py(datasets)}\n\n"
         f"models = [{_py(model)}]\n\n"

@@ -4,12 +4,12 @@ lm-eval computes ``exact`` and ``loglik`` itself (lmeval.parse_lm_eval_output). 
 the engine only generates, and this module scores the raw text in the bench worker:
 
 - ``gsm8k``, ``math``, ``numeric``, ``f1``, ``rouge_l``, and the letter of ``choice``: pure
-  functions (services/benchmark/scorers.py), after ``<think>`` blocks are stripped;
+  functions (evaluation/scorers.py), after ``<think>`` blocks are stripped;
 - ``math`` with ``llm_cascade`` (aime25): the rule first, then the LLM answer check for the items
   the rule marks wrong; an item counts when either says correct (``math_cascade``);
 - ``llm``: the LLM answer check for every item;
 - ``code``: each program (the item's prompt, the model's code, the benchmark's tests) runs in a
-  container of its own (services/benchmark/executor.py): the engine never executes model code,
+  container of its own (evaluation/executor.py): the engine never executes model code,
   and the tests never reach the engine.
 
 Outputs that reached the token budget are counted in the scores' notes: a cut is never silent.
@@ -23,19 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.benchmark.answer_check import AnswerCase, cascade, check_answers, rule_misses
-from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import Generated, LmEvalOutput, LmEvalOutputError, read_lm_eval_output
-from services.benchmark.registry import BenchmarkItem, BenchmarkSpec
-from services.benchmark.runs import VOTING_SCORERS
-from services.benchmark.scorers import extracted_answer, score_text, strip_think
-from services.benchmark.scoring import assemble_scores
-from services.benchmark.splits import SplitManifest, split_items
+from evaluation.answer_check import AnswerCase, cascade, check_answers, rule_misses
+from evaluation.inference import InferenceConfig
+from evaluation.lmeval import Generated, LmEvalOutput, LmEvalOutputError, read_lm_eval_output
+from evaluation.registry import BenchmarkItem, BenchmarkSpec
+from evaluation.runs import VOTING_SCORERS
+from evaluation.scorers import extracted_answer, score_text, strip_think
+from evaluation.scoring import assemble_scores
+from evaluation.splits import SplitManifest, split_items
 from shared.events import AnswerCheckUsage, BenchmarkScores, ErrorSample
 from shared.logs import get_logger
 
 if TYPE_CHECKING:
-    from services.benchmark.executor import CodeExecutor
+    from evaluation.executor import CodeExecutor
 
 log = get_logger("ftbus.benchmark.grading")
 
@@ -87,7 +87,7 @@ async def grade_split(
     elif scorer == "llm":
         await _llm_scores(settings, pairs, graded)
     elif scorer == "code":
-        from services.benchmark.executor import CodeExecutor, CodeExecutorUnavailable
+        from evaluation.executor import CodeExecutor, CodeExecutorUnavailable
 
         try:
             await _code_scores(spec, pairs, graded, executor or CodeExecutor.from_settings(settings))
@@ -192,8 +192,8 @@ async def _code_scores(
     spec: BenchmarkSpec, pairs: Pairs, graded: Graded,
     executor: CodeExecutor,
 ) -> None:
-    from services.benchmark.code_programs import build_program
-    from services.benchmark.executor import CodeSample
+    from evaluation.code_programs import build_program
+    from evaluation.executor import CodeSample
 
     style = spec.code_style or "humaneval"
     # One sample per row (an item's runs are rows of their own): keyed by the row, as an item repeats.

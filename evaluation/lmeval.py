@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from services.benchmark.inference import InferenceConfig
-from services.benchmark.models import ModelSelection, has_chat_template
-from services.benchmark.registry import BenchmarkSpec
-from services.benchmark.scoring import assemble_scores, evaluated_subsets
-from services.benchmark.splits import SplitManifest, write_split_data
+from evaluation.inference import InferenceConfig
+from evaluation.models import ModelSelection, has_chat_template
+from evaluation.registry import BenchmarkSpec
+from evaluation.scoring import assemble_scores, evaluated_subsets
+from evaluation.splits import SplitManifest, write_split_data
 from shared.events import BenchmarkScores, ErrorSample
 from shared.offline import OFFLINE_ENV
 

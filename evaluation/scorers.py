@@ -24,7 +24,7 @@ import re
 import string
 from collections import Counter
 
-from services.benchmark.registry import BenchmarkItem
+from evaluation.registry import BenchmarkItem
 
 TEXT_SCORERS = frozenset({"gsm8k", "math", "choice", "numeric", "f1", "rouge_l"})
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -39,8 +39,7 @@ import docker.errors
 import structlog
 from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
-from shared.logs import get_logger
-from shared.runner import (
+from runners.base import (
     EXIT_CANCELLED,
     EXIT_OOM_KILLED,
     EXIT_TIMEOUT,
@@ -49,7 +48,8 @@ from shared.runner import (
     RunResult,
     check_run,
 )
-from shared.sandbox import Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
+from runners.sandbox import Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
+from shared.logs import get_logger
 
 log = get_logger("ftbus.sandbox")
 
@@ -96,7 +96,7 @@ def parse_size(text: str) -> int:
 
 
 def gpu_request(spec: str | None) -> list[DeviceRequest]:
-    """GPUs for a container, as :func:`shared.sandbox.gpu_selection` reads ``spec``."""
+    """GPUs for a container, as :func:`runners.sandbox.gpu_selection` reads ``spec``."""
     selection = gpu_selection(spec)
     if isinstance(selection, list):
         return [DeviceRequest(device_ids=selection, capabilities=[["gpu"]])] if selection else []
@@ -476,7 +476,7 @@ def _remove_once_created(creating: asyncio.Future[Any]) -> None:
 def reap_containers(client: docker.DockerClient) -> list[str]:
     """Remove sandbox containers whose worker died (SIGKILL, OOM) without removing them.
 
-    Called when a worker starts, like :func:`shared.runner.reap_orphans` for local processes. A
+    Called when a worker starts, like :func:`runners.base.reap_orphans` for local processes. A
     worker of this host is judged by its process. A worker that ran in a container of this same
     engine (a compose service; a container since replaced, under another hostname) is judged by
     that container: its sandbox containers go once it no longer runs. A worker of any other host

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from services.benchmark.registry import BenchmarkSpec, SubsetSpec
-from services.benchmark.runs import ItemAnswers, ItemScores, run_stats
-from services.benchmark.splits import SplitManifest
+from evaluation.registry import BenchmarkSpec, SubsetSpec
+from evaluation.runs import ItemAnswers, ItemScores, run_stats
+from evaluation.splits import SplitManifest
 from shared.events import BenchmarkScores, ErrorSample
 
 
@@ -33,7 +33,7 @@ def assemble_scores(
     """``primary_value`` is the mean of the primary metric over subsets; at most
     ``max_error_samples`` errors are kept, drawn with ``random.Random(seed)`` so the same run always
     shows the judge the same samples (the reference's were unseeded). ``item_scores`` (each item's
-    primary metric per run) give the statistics over runs (services/benchmark/runs.py)."""
+    primary metric per run) give the statistics over runs (evaluation/runs.py)."""
     if len(errors) > max_error_samples:
         keep = sorted(random.Random(seed).sample(range(len(errors)), max_error_samples))
         errors = [errors[i] for i in keep]

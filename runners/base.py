@@ -32,8 +32,8 @@ from typing import BinaryIO, Protocol, runtime_checkable
 import psutil
 from pydantic import BaseModel
 
+from runners.sandbox import Sandbox
 from shared.events import ArtifactRef, StageOutcome
-from shared.sandbox import Sandbox
 
 LineCallback = Callable[[str], Awaitable[None] | None]
 
@@ -268,7 +268,7 @@ class LocalRunner:
 
         ``max_file_bytes`` caps every file the run writes (RLIMIT_FSIZE): a write past it fails
         with EFBIG ("File too large"), so one fast writer cannot overshoot a disk quota between two
-        of the quota watchdog's polls (shared/quota.py).
+        of the quota watchdog's polls (runners/quota.py).
 
         ``cancel``, when set while the command runs, stops it like a timeout but reports
         ``cancelled=True`` (exit code 130): for a user's cancel request, which is a result to

@@ -3,11 +3,11 @@
 A stage describes, per run, the host paths the candidate's process needs besides its working
 folder (:class:`Sandbox`); the runner decides how much of that description it can enforce:
 
-- ``docker`` (:class:`shared.docker_runner.DockerRunner`): a container per run that sees only its
+- ``docker`` (:class:`runners.docker.DockerRunner`): a container per run that sees only its
   working folder (read-write) and the listed paths (read-only), each at the same path as on the
   host, with no network (or only the LLM gateway's socket), no bus credentials, a non-root user, a
   read-only root filesystem and resource limits. The default whenever an engine is reachable.
-- ``local`` (:class:`shared.runner.LocalRunner`): a subprocess of the worker. No isolation at all;
+- ``local`` (:class:`runners.base.LocalRunner`): a subprocess of the worker. No isolation at all;
   for development on a machine without an engine, and only when chosen explicitly.
 """
 

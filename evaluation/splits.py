@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.benchmark.registry import BenchmarkError, BenchmarkItem, BenchmarkSpec
+from evaluation.registry import BenchmarkError, BenchmarkItem, BenchmarkSpec
 
 Split = Literal["validation", "test"]
 DEFAULT_MAX_ITEMS = 100

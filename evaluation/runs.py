@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from services.benchmark.registry import BenchmarkSpec
+from evaluation.registry import BenchmarkSpec
 from shared.events import RunStats
 from shared.statistics import majority_correct, mean_stderr, pass_at_k
 

@@ -22,7 +22,7 @@ import openai
 from openai.types.chat import ChatCompletion
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from services.benchmark.scorers import strip_think
+from evaluation.scorers import strip_think
 from shared.llm_retry import Backoff, is_transient
 from shared.logs import get_logger
 

@@ -46,11 +46,11 @@ from typing import Any
 
 import structlog
 
-from shared.docker_runner import BASE_ENV, _pump, parse_size  # the same output pump as a container's
+from runners.base import EXIT_CANCELLED, EXIT_OOM_KILLED, EXIT_TIMEOUT, LineCallback, RunOutput, RunResult, check_run
+from runners.docker import BASE_ENV, _pump, parse_size  # the same output pump as a container's
+from runners.quota import EXIT_QUOTA
+from runners.sandbox import ALL_GPUS, Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
 from shared.logs import get_logger
-from shared.quota import EXIT_QUOTA
-from shared.runner import EXIT_CANCELLED, EXIT_OOM_KILLED, EXIT_TIMEOUT, LineCallback, RunOutput, RunResult, check_run
-from shared.sandbox import ALL_GPUS, Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
 
 log = get_logger("ftbus.sandbox")
 
@@ -729,7 +729,7 @@ def reap_pods(api: Any, namespace: str) -> list[str]:
     """Delete sandbox pods whose worker is gone: its pod deleted or replaced (another uid), or, in
     this same pod, an earlier incarnation of the worker process (a restarted container).
 
-    Called when a worker starts, like :func:`shared.docker_runner.reap_containers` on a host. (The
+    Called when a worker starts, like :func:`runners.docker.reap_containers` on a host. (The
     garbage collector also deletes a sandbox pod with its owner pod; this catches the rest.)"""
     from kubernetes.client.exceptions import ApiException
 

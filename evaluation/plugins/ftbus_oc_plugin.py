@@ -1,4 +1,4 @@
-"""ftbus's OpenCompass plugin (written by services/benchmark/opencompass.py; do not edit here)."""
+"""ftbus's OpenCompass plugin (written by evaluation/opencompass.py; do not edit here)."""
 
 import json
 

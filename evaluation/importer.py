@@ -29,15 +29,15 @@ from typing import Any
 
 import yaml
 
-from services.benchmark.catalogue import CATALOGUE, CatalogueEntry, CatalogueRowError
-from services.benchmark.registry import (
+from evaluation.catalogue import CATALOGUE, CatalogueEntry, CatalogueRowError
+from evaluation.registry import (
     DESCRIPTOR,
     BenchmarkError,
     BenchmarkItem,
     available_benchmarks,
     load_benchmark,
 )
-from services.benchmark.splits import split_bounds
+from evaluation.splits import split_bounds
 
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 #: Files of a hub snapshot or a save_to_disk folder that hold metadata, not rows.
@@ -338,7 +338,7 @@ def _code_reason(entry: CatalogueEntry, item: BenchmarkItem) -> str | None:
 
 def _items(entry: CatalogueEntry, read: _Read, max_rows: int | None,
            progress: Progress | None) -> dict[str, list[BenchmarkItem]]:
-    from services.benchmark.scorers import check_gold  # imported late: it loads math-verify
+    from evaluation.scorers import check_gold  # imported late: it loads math-verify
 
     rows: list[tuple[str, str, BenchmarkItem]] = []  # (where, subset, item), in the split's order
     per_subset: dict[str, int] = {}
