@@ -8,6 +8,8 @@ the engine only generates, and this module scores the raw text in the bench work
 - ``math`` with ``llm_cascade`` (aime25): the rule first, then the LLM answer check for the items
   the rule marks wrong; an item counts when either says correct (``math_cascade``);
 - ``llm``: the LLM answer check for every item;
+- an LLM answer check is shown the scorer's extracted final answer (``extracted_answer``), never the
+  model's output, and only when that answer looks like one (evaluation/answer_check.py);
 - ``code``: each program (the item's prompt, the model's code, the benchmark's tests) runs in a
   container of its own (evaluation/executor.py): the engine never executes model code,
   and the tests never reach the engine.
@@ -149,8 +151,11 @@ def _add_loglik(output: LmEvalOutput, graded: Graded) -> None:
             row.update(lm_eval_row)
 
 
-def _cases(rows: Sequence[tuple[BenchmarkItem, Generated]]) -> list[AnswerCase]:
-    return [AnswerCase(question=item.question, gold=item.answer, output=strip_think(g.output)) for item, g in rows]
+def _cases(scorer: str, rows: Sequence[tuple[BenchmarkItem, Generated]]) -> list[AnswerCase]:
+    # The scorer's extracted final answer, never the output: the checker must not read the model's
+    # reasoning, where a fine-tuned model can write instructions to it (evaluation/answer_check.py).
+    return [AnswerCase(question=item.question, gold=item.answer, answer=extracted_answer(scorer, g.output))
+            for item, g in rows]
 
 
 async def _cascade(settings: Any, pairs: Pairs, graded: Graded) -> None:
@@ -158,22 +163,24 @@ async def _cascade(settings: Any, pairs: Pairs, graded: Graded) -> None:
     order = [(subset, i) for subset, rows in graded.values.items() for i in range(len(rows))]
     rule = [graded.values[s][i]["math_verify"] >= 1 for s, i in order]
     wrong = rule_misses(rule)
-    check = await check_answers(settings, _cases([pairs[order[k][0]][order[k][1]] for k in wrong]))
+    check = await check_answers(settings, _cases("math", [pairs[order[k][0]][order[k][1]] for k in wrong]),
+                                form="math")
     counted = cascade(rule, check)
     for (subset, i), correct in zip(order, counted, strict=True):
         graded.values[subset][i]["math_cascade"] = 1.0 if correct else 0.0
     rescued = sum(counted) - sum(rule)
     graded.notes.extend(check.notes)
     graded.answer_check = AnswerCheckUsage(
-        model=check.model, items_asked=len(wrong), requests=check.requests, prompt_tokens=check.prompt_tokens,
-        completion_tokens=check.completion_tokens, budget_requests=settings.bench_llm_budget_requests,
+        model=check.model, items_asked=len(wrong) - check.not_asked, requests=check.requests,
+        prompt_tokens=check.prompt_tokens, completion_tokens=check.completion_tokens,
+        budget_requests=settings.bench_llm_budget_requests,
         rescued=rescued,
     )
 
 
 async def _llm_scores(settings: Any, pairs: Pairs, graded: Graded) -> None:
     order = [(subset, i) for subset, rows in pairs.items() for i in range(len(rows))]
-    check = await check_answers(settings, _cases([pairs[s][i] for s, i in order]))
+    check = await check_answers(settings, _cases("llm", [pairs[s][i] for s, i in order]), form="short")
     graded.values = {subset: [{} for _ in rows] for subset, rows in pairs.items()}
     unanswered = 0
     for (subset, i), verdict in zip(order, check.verdicts, strict=True):
@@ -183,8 +190,9 @@ async def _llm_scores(settings: Any, pairs: Pairs, graded: Graded) -> None:
     if unanswered:
         graded.notes.append(f"{unanswered} of {len(order)} items got no usable LLM verdict: counted wrong")
     graded.answer_check = AnswerCheckUsage(
-        model=check.model, items_asked=len(order), requests=check.requests, prompt_tokens=check.prompt_tokens,
-        completion_tokens=check.completion_tokens, budget_requests=settings.bench_llm_budget_requests,
+        model=check.model, items_asked=len(order) - check.not_asked, requests=check.requests,
+        prompt_tokens=check.prompt_tokens, completion_tokens=check.completion_tokens,
+        budget_requests=settings.bench_llm_budget_requests,
     )
 
 

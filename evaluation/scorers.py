@@ -323,6 +323,31 @@ def rouge_l(output: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+# ------------------------------------------------------------------ short answers (the llm scorer)
+
+#: The longest answer an LLM answer check is shown (answer_check.py): a final answer, not an essay.
+SHORT_ANSWER_CHARS = 200
+# "The answer is Paris.", "Final answer: 42", "**Answer:** x = 3": the last such line's rest.
+_ANSWER_MARKER = re.compile(r"(?i:\banswer\b)(?:\s+is)?\s*[:=]?\s*(?:\*\*)?\s*(.+?)\s*$", re.MULTILINE)
+
+
+def short_answer(text: str) -> str | None:
+    """The final answer of a free-form output, for the ``llm`` scorer's check; None when none is found.
+
+    The last ``\\boxed{}``'s contents, else what follows the last "answer is" / "Answer:", else the
+    whole text when it is short (at most SHORT_ANSWER_CHARS): an answer given bare. A long text with
+    neither is reasoning without a stated answer, and no checker is shown it.
+    """
+    text = text.strip()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed[len(_BOXED):-1].strip() or None
+    marked = _ANSWER_MARKER.findall(text)
+    if marked:
+        return marked[-1].strip().strip("*").rstrip(".").strip() or None
+    return text if 0 < len(text) <= SHORT_ANSWER_CHARS else None
+
+
 # ------------------------------------------------------------------ the interface
 
 
@@ -355,7 +380,8 @@ def extracted_answer(scorer: str, output: str, *, n_choices: int = len(LETTERS))
     """What the scorer took as the answer, for error samples; None when it found none.
 
     gsm8k: the strict extraction, else the flexible one; choice: the letter (pass
-    ``n_choices=len(item.choices)`` to see exactly what was scored); f1 and rouge_l: the whole answer.
+    ``n_choices=len(item.choices)`` to see exactly what was scored); f1 and rouge_l: the whole answer;
+    llm: :func:`short_answer`, what the LLM answer check is shown.
     """
     answer = strip_think(output)
     if scorer == "gsm8k":
@@ -369,6 +395,8 @@ def extracted_answer(scorer: str, output: str, *, n_choices: int = len(LETTERS))
         return last_number(answer)
     if scorer in ("f1", "rouge_l"):
         return answer or None
+    if scorer == "llm":
+        return short_answer(answer)
     raise _refuse(scorer)
 
 

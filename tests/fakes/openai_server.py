@@ -2,7 +2,8 @@
 
 It serves ``POST /v1/chat/completions`` from the stdlib's ThreadingHTTPServer on a free loopback
 port, so the real ``openai`` client (and its HTTP stack) is what the tests exercise. Each request
-takes the next scripted reply; when the script runs out, the ``default`` reply is used.
+takes the next scripted reply; when the script runs out, ``respond`` (a function of the request,
+when given) answers, else the ``default`` reply is used.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -75,8 +77,10 @@ class Received:
 
 
 class FakeOpenAIServer:
-    def __init__(self, default: Reply | None = None) -> None:
+    def __init__(self, default: Reply | None = None, respond: Callable[[Received], Reply] | None = None) -> None:
         self.default = default or error(500, "script exhausted")
+        #: Answers each request the script does not (a model that reads its prompt), else ``default``.
+        self.respond = respond
         self.requests: list[Received] = []
         self._script: list[Reply] = []
         self._lock = threading.Lock()
@@ -121,7 +125,9 @@ class FakeOpenAIServer:
     def _next(self, received: Received) -> Reply:
         with self._lock:
             self.requests.append(received)
-            return self._script.pop(0) if self._script else self.default
+            if self._script:
+                return self._script.pop(0)
+        return self.respond(received) if self.respond is not None else self.default
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
