@@ -18,6 +18,7 @@ from services.judge.condense import CondensedLog
 from services.judge.facts import JudgeFacts
 from shared.events import BenchResult, DataResult, FailedStage, Feedback, TrainingMetrics
 from shared.statistics import PairedComparison
+from shared.untrusted import fenced
 
 Category = Literal["Timeout", "OOM", "CUDA", "Config", "Data"]
 
@@ -149,13 +150,25 @@ def _benchmark_lines(event: BenchResult, paired: PairedComparison | None = None)
         lines.append(f"Paired over the same items, the candidate is {paired.describe()}.")
     elif base and base.summary:
         lines.append(f"{base.summary[0].upper()}{base.summary[1:]}.")
-    if scores.error_samples:
-        first = scores.error_samples[0]
-        lines.append(
-            f"{len(scores.error_samples)} error samples recorded; e.g. gold {first.gold[:120]!r}, "
-            f"model output {first.model_output[:200]!r}."
-        )
+    quote = error_sample_quote(event)
+    if quote:
+        lines.append(quote)
     return lines
+
+
+#: How much of one error sample's output the feedback quotes.
+QUOTED_OUTPUT_CHARS = 200
+
+
+def error_sample_quote(event: BenchResult) -> str | None:
+    """The first error sample, its output quoted inside a fence: the feedback goes to an agent whose
+    own LLM reads it, and the output is the fine-tuned model's text (it may address that LLM)."""
+    samples = event.benchmark.error_samples if event.benchmark else []
+    if not samples:
+        return None
+    first = samples[0]
+    output = fenced("the fine-tuned model's output, untrusted data", first.model_output[:QUOTED_OUTPUT_CHARS])
+    return f"{len(samples)} error samples recorded; e.g. gold {first.gold[:120]!r}, model output:\n{output}"
 
 
 def _expectation(facts: JudgeFacts) -> str:

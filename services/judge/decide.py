@@ -18,6 +18,12 @@ Decision policy (``judge_policy``; docs/judge.md):
 
 - without a judge model, or when the LLM is unavailable or never gives a valid answer, the rules
   write the feedback and the policy decides without the LLM's vote; ``JudgeInfo.reason`` says why.
+
+The LLM reads the fine-tuned model's outputs and the candidate's logs (fenced as untrusted data,
+``prompts.py``), and a model can be trained to write "accept this run" into them; a fence is no
+guarantee that an LLM will not obey. So the LLM's vote is only ever the last of the checks, ANDed
+after them: under every policy a failed rule wins, and under ``both`` and ``significant`` so does
+the measured check, whatever the LLM answered.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from services.judge.advice import rules_feedback
+from services.judge.advice import error_sample_quote, rules_feedback
 from services.judge.facts import JudgeFacts, LogStage, collect_facts, render_raw_execution
 from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
 from services.judge.prompts import build_context, render_system, render_user, templates_for
@@ -44,6 +50,7 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.settings import Settings
+from shared.untrusted import Fence
 
 log = get_logger("ftbus.judge")
 
@@ -63,23 +70,32 @@ class PolicyDecision:
     overrides: str | None = None
 
 
-def decide(facts: JudgeFacts, llm_decision: bool | None, policy: JudgePolicy) -> PolicyDecision:
-    """The final decision from the rules, the LLM's decision (None: no LLM answer) and the policy."""
+def measured_refusal(facts: JudgeFacts, policy: JudgePolicy) -> str | None:
+    """Why the measurements refuse the candidate under ``policy``, or None: the failed rules (every
+    policy), the baseline shortfall (``both``), no improvement beyond noise (``significant``). The
+    LLM's answer is no input here: nothing it says can lift a refusal."""
     if not facts.rules.decision:
-        return PolicyDecision(False, "deterministic checks failed: " + "; ".join(facts.rules.failed_criteria))
+        return "deterministic checks failed: " + "; ".join(facts.rules.failed_criteria)
+    if policy == "both" and facts.below_baseline:
+        return f"judge_policy=both requires the candidate not to score below the base model: {facts.below_baseline}"
+    if policy == "significant" and facts.not_beyond_noise:
+        return ("judge_policy=significant requires the candidate to beat the base model beyond noise: "
+                f"{facts.not_beyond_noise}")
+    return None
+
+
+def decide(facts: JudgeFacts, llm_decision: bool | None, policy: JudgePolicy) -> PolicyDecision:
+    """The final decision from the rules, the LLM's decision (None: no LLM answer) and the policy.
+
+    True only when the measurements refuse nothing (:func:`measured_refusal`); then ``rules`` says
+    true and the others take the LLM's vote (no answer: true)."""
+    refused = measured_refusal(facts, policy)
+    if refused is not None:
+        return PolicyDecision(False, refused)
     if policy == "rules":
         if llm_decision is False:
             return PolicyDecision(True, "judge_policy=rules decides from the deterministic checks, which all passed")
         return PolicyDecision(True)
-    if policy == "both" and facts.below_baseline:
-        return PolicyDecision(
-            False, f"judge_policy=both requires the candidate not to score below the base model: {facts.below_baseline}"
-        )
-    if policy == "significant" and facts.not_beyond_noise:
-        return PolicyDecision(
-            False, "judge_policy=significant requires the candidate to beat the base model beyond noise: "
-            f"{facts.not_beyond_noise}"
-        )
     return PolicyDecision(llm_decision is not False)
 
 
@@ -107,6 +123,11 @@ def _llm_feedback(outcome: LlmOutcome, facts: JudgeFacts) -> Feedback:
         # The measured comparison, in the feedback whoever wrote it: the agent reads it there.
         return_checking += (f"\n\n[ftbus] Paired with the base model on the same validation items, the candidate "
                             f"is {facts.paired.describe()}.")
+    quote = error_sample_quote(facts.event) if isinstance(facts.event, BenchResult) else None
+    if quote:
+        # The model's own output, quoted by ftbus inside a fence, as the rules' feedback does: the
+        # agent's LLM reads this feedback, and the output may be written to steer it.
+        return_checking += f"\n\n[ftbus] {quote}"
     return Feedback(
         execution=answer.execution,
         return_checking=return_checking,
@@ -165,8 +186,10 @@ async def _feedback_and_info(facts: JudgeFacts, settings: Settings) -> tuple[Fee
         if not settings.judge_model:
             raise LlmJudgeUnavailable("no judge model configured")
         templates = templates_for(settings)
+        fence = Fence()  # one token for this judgement's prompts, named in its system prompt
         answer = await ask_llm(
-            render_system(templates), render_user(build_context(facts), templates), settings, templates=templates
+            render_system(templates, fence=fence), render_user(build_context(facts, fence), templates), settings,
+            templates=templates,
         )
     except LlmJudgeUnavailable as exc:
         log.info("judge_rules_fallback", reason=exc.reason)

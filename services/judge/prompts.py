@@ -3,6 +3,12 @@
 Only what the judge is given can reach the prompt, and the judge is only given validation results
 or failed-stage events: the hidden test split travels on a subject the judge never reads, and
 ``build_context`` refuses a test-split event outright.
+
+What the candidate's processes and its fine-tuned model wrote (train.yaml, the condensed log, the
+stage's error message, the model file names, the error samples with the model's outputs) reaches
+the prompt fenced as untrusted data (shared/untrusted.py), with one fence per prompt: the system
+prompt names its token (``untrusted_data_rule``). ftbus's own facts (exit codes, scores, the
+comparison with the base model) and the benchmark's are not fenced.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from services.judge.facts import JudgeFacts
 from services.judge.rules import JudgedEvent
 from shared.events import BenchResult, DataResult, LossHistory, TaskSpec
 from shared.settings import Settings
+from shared.untrusted import Fence
 
 PROMPTS_FILE = Path(__file__).resolve().parents[2] / "prompts" / "judge.yaml"
 LOSS_KEEP_EACH_END = 30  # first 30 + last 30 points when there are more than 60
@@ -57,19 +64,22 @@ class PromptContext(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task: TaskSpec
-    train_yaml: str
+    #: The fence's instruction (its token); the system prompt carries it, a custom user prompt may.
+    untrusted_data_rule: str
+    train_yaml: str  # fenced
     exit_code: str
     model_files_status: str
-    model_files: list[str]
+    model_files: str | None  # fenced, one name a line
     failed_stage: str | None
-    stage_error: str | None
+    stage_error: str | None  # fenced
     timeout_seconds: int | None
     data_summary: str | None
     benchmark_result: str
+    error_samples: str | None  # fenced
     baseline: str | None
     loss_history: str
     loss_note: str | None
-    condensed_log: str
+    condensed_log: str  # fenced
 
 
 def truncate_loss_history(history: LossHistory, keep: int = LOSS_KEEP_EACH_END) -> tuple[LossHistory, str | None]:
@@ -102,17 +112,22 @@ def _loss_json(history: LossHistory) -> str:
 
 
 def _benchmark_json(event: JudgedEvent) -> str:
-    # Only the validation split's summary and error samples: item ids and raw outputs stay out.
+    # Only the validation split's summary (the error samples go in a fence of their own): item ids stay out.
     if not isinstance(event, BenchResult) or event.benchmark is None:
         return NO_BENCHMARK
     scores = event.benchmark
     if not scores.accuracy_summary and not scores.error_samples:
         return NO_BENCHMARK
-    payload = {
-        "accuracy_summary": scores.accuracy_summary,
-        "error_samples": [s.model_dump() for s in scores.error_samples],
-    }
-    return json.dumps(payload, indent=2, ensure_ascii=False)
+    return json.dumps({"accuracy_summary": scores.accuracy_summary}, indent=2, ensure_ascii=False)
+
+
+def _error_samples(event: JudgedEvent, fence: Fence) -> str | None:
+    """The validation error samples, fenced: the model's outputs (and what the scorer read from them)
+    are the fine-tuned model's text, the one place where a trained-in attack would show."""
+    if not isinstance(event, BenchResult) or event.benchmark is None or not event.benchmark.error_samples:
+        return None
+    samples = json.dumps([s.model_dump() for s in event.benchmark.error_samples], indent=2, ensure_ascii=False)
+    return fence.wrap("error samples: questions, gold answers, the fine-tuned model's outputs", samples)
 
 
 def _baseline_text(facts: JudgeFacts) -> str | None:
@@ -150,8 +165,8 @@ def _data_summary(event: JudgedEvent) -> str | None:
     return ", ".join(parts) or None
 
 
-def build_context(facts: JudgeFacts) -> PromptContext:
-    """The user prompt's values, all read from the facts."""
+def build_context(facts: JudgeFacts, fence: Fence) -> PromptContext:
+    """The user prompt's values, all read from the facts; the candidate's text inside ``fence``."""
     event = facts.event
     if isinstance(event, BenchResult) and event.split != "validation":
         raise ValueError("the judge only accepts validation benchmark results")
@@ -159,26 +174,32 @@ def build_context(facts: JudgeFacts) -> PromptContext:
     history = LossHistory() if isinstance(event, DataResult) else event.train.training_metrics.loss_history
     shown, note = truncate_loss_history(history)
     timeout = facts.outcome.timeout_s
+    stage_error = (facts.stage_report or "")[:1000]
+    files = facts.model_files
     return PromptContext(
         task=event.context.task,
-        train_yaml=facts.train_yaml,
+        untrusted_data_rule=fence.rule(),
+        train_yaml=fence.wrap("train.yaml, written by the candidate", facts.train_yaml.strip() or "(empty or missing)"),
         exit_code="N/A (nothing was run)" if exit_code is None else str(exit_code),
-        model_files_status="Found" if facts.model_files else "Not found",
-        model_files=facts.model_files,
+        model_files_status=f"Found ({len(files)} files)" if files else "Not found",
+        model_files=fence.wrap("model file names, as training wrote them", "\n".join(files)) if files else None,
         failed_stage=str(facts.failed_stage) if facts.failed_stage else None,
-        stage_error=(facts.stage_report or "")[:1000] or None,
+        stage_error=fence.wrap("the stage's error message", stage_error) if stage_error else None,
         timeout_seconds=round(timeout) if timeout is not None else None,
         data_summary=_data_summary(event),
         benchmark_result=_benchmark_json(event),
+        error_samples=_error_samples(event, fence),
         baseline=_baseline_text(facts),
         loss_history=_loss_json(shown),
         loss_note=note,
-        condensed_log=facts.condensed.as_prompt_json(),
+        condensed_log=fence.wrap("the stage log, condensed", facts.condensed.as_prompt_json()),
     )
 
 
-def render_system(templates: JudgeTemplates | None = None) -> str:
-    return (templates or load_templates()).system.render().strip()
+def render_system(templates: JudgeTemplates | None = None, *, fence: Fence | None = None) -> str:
+    """The system prompt; ``fence`` must be the one the user prompt's context was built with."""
+    rule = (fence or Fence()).rule()
+    return (templates or load_templates()).system.render(untrusted_data_rule=rule).strip()
 
 
 def render_user(context: PromptContext, templates: JudgeTemplates | None = None) -> str:

@@ -21,6 +21,7 @@ from services.judge.prompts import (
 from services.judge.rules import rules_decision
 from shared.events import ErrorSample, Timeouts
 from shared.settings import Settings
+from shared.untrusted import Fence
 from tests.fakes import judge_events as ev
 from tests.fakes.judge_events import OOM_LOG
 
@@ -33,13 +34,16 @@ def settings(tmp_path: Path) -> Settings:
 def _user_prompt(event, settings: Settings, log: str = "", train_yaml: str = ev.TRAIN_YAML) -> str:  # type: ignore[no-untyped-def]
     stage = default_log_stage(event, rules_decision(event).failed_stage)
     facts = collect_facts(event, train_yaml, {stage: log} if stage else {}, settings)
-    return render_user(build_context(facts))
+    return render_user(build_context(facts, Fence()))
 
 
 def test_templates_live_in_the_prompts_file() -> None:
     raw = PROMPTS_FILE.read_text()
     assert "final_decision" in raw and "{{ task.base_model }}" in raw
-    assert render_system() in raw.replace("\n  ", "\n")  # the YAML block, de-indented
+    fence = Fence()
+    system = render_system(fence=fence)
+    # The YAML block, de-indented, with the fence's rule (its token) in its place.
+    assert system in raw.replace("\n  ", "\n").replace("{{ untrusted_data_rule }}", fence.rule())
 
 
 def test_system_prompt_states_criteria_taxonomy_and_schema() -> None:
@@ -59,14 +63,16 @@ def test_user_prompt_for_failed_training(settings: Settings) -> None:
     assert "Base model: Qwen2.5-0.5B-Instruct" in prompt and "Benchmark: gsm8k" in prompt
     assert "per_device_train_batch_size: 8" in prompt
     assert "Exit code: 1" in prompt
-    assert "Model output files: Not found" in prompt
+    assert "Model output files: Not found\n" in prompt
     assert "Failed stage: training" in prompt
     assert "Stage timeout setting: 360000 seconds" in prompt
     assert NO_BENCHMARK in prompt
     assert '"cuda_oom": true' in prompt and "torch.OutOfMemoryError" in prompt
     assert "Error reported by the stage" not in prompt  # it would only repeat the exit code
     event = ev.data_failed(0, "done\n", error="data.json is an empty list")
-    assert "Error reported by the stage: data.json is an empty list" in _user_prompt(event, settings, "done\n")
+    shown = _user_prompt(event, settings, "done\n")
+    assert "Error reported by the stage:\n<<<UNTRUSTED DATA BEGIN " in shown
+    assert "(the stage's error message)>>>\ndata.json is an empty list\n<<<UNTRUSTED DATA END " in shown
 
 
 def test_timeout_comes_from_the_request_when_the_runner_did_not_record_one(settings: Settings) -> None:
@@ -82,7 +88,8 @@ def test_timeout_comes_from_the_request_when_the_runner_did_not_record_one(setti
 def test_success_prompt_shows_results_and_files(settings: Settings) -> None:
     prompt = _user_prompt(ev.bench_result(), settings, "Training completed.\n")
     assert "Exit code: 0" in prompt
-    assert "Model output files: Found (adapter_model.safetensors, adapter_config.json)" in prompt
+    assert "Model output files: Found (2 files)\n<<<UNTRUSTED DATA BEGIN " in prompt
+    assert "(model file names, as training wrote them)>>>\nadapter_model.safetensors\nadapter_config.json\n" in prompt
     assert "Failed stage" not in prompt and "Stage timeout" not in prompt
     assert '"accuracy_summary"' in prompt and '"gsm8k"' in prompt
     assert "VAL-Q-7781" in prompt  # validation error samples are shown
@@ -134,7 +141,7 @@ def test_no_test_split_data_reaches_the_prompt(settings: Settings) -> None:
     assert "val-id-10001" not in prompt
     # And a test-split event cannot be rendered at all.
     with pytest.raises(ValueError, match="validation"):
-        build_context(collect_facts(test_event, ev.TRAIN_YAML, {}, settings))
+        build_context(collect_facts(test_event, ev.TRAIN_YAML, {}, settings), Fence())
 
 
 def test_prompt_is_small_next_to_a_huge_log(settings: Settings) -> None:

@@ -13,6 +13,7 @@ from services.judge.prompts import build_context, render_user
 from shared.events import BaselineComparison, BenchmarkScores, BenchResult
 from shared.paired import compare_scores
 from shared.settings import Settings
+from shared.untrusted import Fence
 from tests.fakes import judge_events as ev
 
 N = 60
@@ -85,7 +86,7 @@ def test_the_level_is_a_setting(tmp_path: Path, level: float, passes: bool) -> N
 
 def test_the_llm_prompt_gets_the_interval_and_p_value(tmp_path: Path) -> None:
     facts = collect_facts(_event(45), ev.TRAIN_YAML, {}, _settings(tmp_path))
-    prompt = render_user(build_context(facts))
+    prompt = render_user(build_context(facts, Fence()))
     assert "Paired over the same 60 items, the candidate is better than the base model by +0.42" in prompt
     assert "95% interval of the difference [+0." in prompt
     assert "(McNemar exact)" in prompt
