@@ -444,6 +444,36 @@ async def test_the_leaderboard_marks_a_candidate_inside_the_leaders_noise_as_tie
     await page.screenshot(path=str(env.shots / "leaderboard-ties.png"), full_page=True)
 
 
+async def test_a_request_that_failed_in_a_stage_says_failed_not_completed_and_rejected(env: Env, page: Any) -> None:
+    """Issue 38: a failure in data processing showed a green "completed" pill beside "rejected"."""
+    ws = write_workspace(env.tmp / f"ws-fails-{secrets.token_hex(3)}", script="raise SystemExit('no data today')\n")
+    assert env.pipeline.client is not None
+    failed = await env.pipeline.client.submit(ws, TASK)
+    good = await env.submit("judged")
+    verdict = await env.verdict(failed)
+    assert verdict.status == "completed" and verdict.failed_stage == "data_processing", verdict.execution
+    assert (await env.verdict(good)).failed_stage is None
+
+    await page.goto(env.url + "/")
+    row = f"#requests tr[data-request-id='{failed}']"
+    await page.wait_for_selector(f"{row} .badge[data-status='failed']", timeout=WAIT_MS)
+    badge = f"{row} .badge[data-status='failed']"
+    assert await _text(page, badge) == "failed"
+    colour = await page.eval_on_selector(badge, "b => getComputedStyle(b).color")
+    assert colour == "rgb(185, 28, 28)", colour  # var(--red), as an error
+    assert await page.get_attribute(f"{row} [data-decision]", "data-decision") == "none"
+    assert "rejected" not in await _text(page, row) and "completed" not in await _text(page, row)
+    good_row = f"#requests tr[data-request-id='{good}']"
+    await page.wait_for_selector(f"{good_row} .badge[data-status='completed']", timeout=WAIT_MS)
+
+    await page.goto(f"{env.url}/requests/{failed}")
+    await page.wait_for_selector("#status[data-status='failed']", timeout=WAIT_MS)
+    assert await _text(page, "#status") == "failed"
+    assert await page.get_attribute("#decision", "data-decision") == "none"
+    assert "failed at data_processing" in await _text(page, "#task")
+    await page.screenshot(path=str(env.shots / "request-failed.png"), full_page=True)
+
+
 async def test_a_new_request_appears_without_a_reload(env: Env, page: Any) -> None:
     await page.goto(env.url + "/")
     await page.wait_for_function("+document.body.dataset.loaded >= 1", timeout=WAIT_MS)

@@ -117,10 +117,24 @@ const FT = (() => {
     return source;
   }
 
-  function statusBadge(status) { return el("span", { class: "badge s-" + status, text: status }); }
-  function decisionBadge(decision) {
-    if (decision === null || decision === undefined) return el("span", { class: "badge muted", text: "–" });
-    return el("span", { class: "badge " + (decision ? "yes" : "no"), text: decision ? "accepted" : "rejected" });
+  // A request that ended in a stage's failure (data processing, training, a benchmark...) is
+  // "completed" for the pipeline but failed for its author: it shows "failed", red, never a green pill.
+  function statusBadge(status, failedStage) {
+    if (status === "completed" && failedStage) {
+      return el("span", { class: "badge s-failed", "data-status": "failed", title: "failed in " + failedStage, text: "failed" });
+    }
+    return el("span", { class: "badge s-" + status, "data-status": status, text: status });
+  }
+  // "rejected" only for a model that went through the pipeline and was judged not good enough; a
+  // request that failed in a stage, was cancelled or hit an error has no decision on its model.
+  function decisionBadge(decision, request) {
+    const failed = request && (request.failed_stage || (request.status && request.status !== "completed"));
+    if (decision === null || decision === undefined || (failed && !decision)) {
+      const why = failed ? (request.failed_stage ? "failed in " + request.failed_stage : request.status) + ": not judged" : null;
+      return el("span", { class: "badge muted", "data-decision": "none", title: why, text: "–" });
+    }
+    return el("span", { class: "badge " + (decision ? "yes" : "no"), "data-decision": decision ? "accepted" : "rejected",
+                        text: decision ? "accepted" : "rejected" });
   }
 
   return { el, fill, num, signed, duration, age, setServerNow, tickAges, debounce, serial, getJSON, live, noteConnection,

@@ -45,7 +45,7 @@
           el("td", { class: "num " + (r.difference > 0 ? "up" : r.difference < 0 ? "down" : ""), text: FT.signed(r.difference) }),
           el("td", { class: "num", text: FT.num(r.test) }),
           el("td", { class: "num", text: FT.duration(r.train_s) }),
-          el("td", {}, FT.decisionBadge(r.final_decision)))))));
+          el("td", {}, FT.decisionBadge(r.final_decision, r)))))));
   }
 
   async function load() {

@@ -29,14 +29,14 @@
   function row(r) {
     return el("tr", { "data-request-id": r.request_id, "data-status": r.status },
       el("td", {}, el("a", { href: "/requests/" + encodeURIComponent(r.request_id), text: r.request_id })),
-      el("td", {}, FT.statusBadge(r.status)),
+      el("td", {}, FT.statusBadge(r.status, r.failed_stage)),
       el("td", { class: "stage", text: r.failed_stage ? "failed: " + r.failed_stage
         : ["completed", "cancelled"].includes(r.status) ? "done" : (r.stage || "–") }),
       progressCell(r),
       el("td", { text: r.base_model || "–" }),
       el("td", { text: r.benchmark || "–" }),
       el("td", { "data-since": r.submitted_at || "", text: FT.age(r.submitted_at) }),
-      el("td", {}, FT.decisionBadge(r.final_decision)));
+      el("td", {}, FT.decisionBadge(r.final_decision, r)));
   }
 
   async function load() {

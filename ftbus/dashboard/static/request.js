@@ -154,8 +154,8 @@
     }
     document.getElementById("missing").hidden = true;
     const status = document.getElementById("status");
-    status.replaceWith(Object.assign(FT.statusBadge(d.status), { id: "status" }));
-    document.getElementById("decision").replaceWith(Object.assign(FT.decisionBadge(d.final_decision), { id: "decision" }));
+    status.replaceWith(Object.assign(FT.statusBadge(d.status, d.failed_stage), { id: "status" }));
+    document.getElementById("decision").replaceWith(Object.assign(FT.decisionBadge(d.final_decision, d), { id: "decision" }));
     FT.fill(document.getElementById("task"),
       el("span", { text: `${d.base_model || "?"} on ${d.benchmark || "?"}` }),
       d.description ? el("span", { class: "muted", text: " · " + d.description }) : null,
