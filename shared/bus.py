@@ -32,7 +32,27 @@ log = get_logger("ftbus.bus")
 
 
 class NotConnected(RuntimeError):
-    pass
+    """No connection to NATS: none configured, or the first connection failed. ``url`` and
+    ``reason`` (the last error, in words) are set when a server was tried."""
+
+    def __init__(self, message: str, *, url: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.reason = reason
+
+
+def _connect_reason(exc: BaseException) -> str:
+    """A failed connection attempt in words: nats-py's errors often have an empty str()."""
+    text = str(exc).strip()
+    if isinstance(exc, ConnectionRefusedError) or "Connection refused" in text or "Connect call failed" in text:
+        return "connection refused (nothing listens there)"
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+        return "the connection timed out"
+    if isinstance(exc, nats.errors.NoServersError):
+        return "no server answered"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    return text or type(exc).__name__
 
 
 T = TypeVar("T")
@@ -159,7 +179,15 @@ class Bus:
     # ------------------------------------------------------------------ connection
 
     @classmethod
-    async def connect(cls, settings: Settings, name: str = "ftbus", url: str | None = None) -> Bus:
+    async def connect(cls, settings: Settings, name: str = "ftbus", url: str | None = None, *,
+                      first_connect_s: float | None = None) -> Bus:
+        """Connect; once connected, reconnect without limit (a server restart, a failover).
+
+        ``first_connect_s``: how long the *first* connection is tried before :class:`NotConnected`
+        (the CLI and the Python client: setting ``connect_budget_s``); None or 0: tried without limit,
+        as services do (they start before their server, or during a cluster's restart), with a
+        warning on each failed attempt. With a budget the failed attempts are not logged: the
+        NotConnected raised at the end says why."""
         server = url or settings.resolve_nats_url()
         if not server:
             raise NotConnected(
@@ -167,32 +195,50 @@ class Bus:
             )
 
         owner: list[Bus] = []
+        first: dict[str, Any] = {"connecting": bool(first_connect_s), "error": None}
 
         async def _error_cb(exc: Exception) -> None:
             denied = owner[0].permission_error(exc) if owner else None
             if denied is not None:
                 log.error("permission denied", subject=denied.subject, operation=denied.operation, user_name=name)
                 return
+            if first["connecting"]:
+                first["error"] = exc  # said once, in the NotConnected below
+                return
             log.warning("nats connection error", error=str(exc))
 
         # A comma-separated list names the members of a cluster.
         servers = [part.strip() for part in server.split(",") if part.strip()]
         nc = _SubjectMemoryClient()
+        connecting = nc.connect(
+            servers,
+            name=name,
+            # Replies come to this connection's own inbox subjects, so NATS permissions can keep
+            # one user from reading another's replies (a report fetched by a dashboard, say).
+            inbox_prefix=f"_INBOX.{name}".encode(),
+            connect_timeout=max(1, min(5, round(first_connect_s))) if first_connect_s else 5,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=min(1.0, first_connect_s / 5) if first_connect_s else 1,
+            allow_reconnect=True,
+            error_cb=_error_cb,
+        )
         try:
-            await nc.connect(
-                servers,
-                name=name,
-                # Replies come to this connection's own inbox subjects, so NATS permissions can keep
-                # one user from reading another's replies (a report fetched by a dashboard, say).
-                inbox_prefix=f"_INBOX.{name}".encode(),
-                connect_timeout=5,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1,
-                allow_reconnect=True,
-                error_cb=_error_cb,
-            )
+            if first_connect_s:
+                await asyncio.wait_for(connecting, first_connect_s)
+            else:
+                await connecting
         except Exception as exc:
-            raise NotConnected(f"cannot reach NATS at {server}: {exc}. Is `ftbus up` running?") from exc
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(nc.close(), 2)
+            cause = first["error"] or exc
+            reason = _connect_reason(cause)
+            if isinstance(exc, TimeoutError) and first_connect_s:
+                reason = f"{reason}, tried for {first_connect_s:g} s" if first["error"] else \
+                    f"no answer in {first_connect_s:g} s"
+            raise NotConnected(f"cannot reach NATS at {server}: {reason}. Is `ftbus up` running?",
+                               url=server, reason=reason) from exc
+        finally:
+            first["connecting"] = False
         bus = cls(nc, settings)
         owner.append(bus)
         return bus

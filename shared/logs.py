@@ -17,15 +17,33 @@ import structlog
 _configured = False
 
 
-def setup_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "INFO") -> None:
+def _plain(_: Any, __: str, event: dict[str, Any]) -> str:
+    """``warning: nats connection error (error=...)``: a client's log line, for people."""
+    level = event.pop("level", "info")
+    message = str(event.pop("event", ""))
+    for key in ("timestamp", "logger"):
+        event.pop(key, None)
+    details = ", ".join(f"{k}={v}" for k, v in event.items())
+    return f"{level}: {message}" + (f" ({details})" if details else "")
+
+
+def setup_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str = "INFO", *,
+                  client: bool = False) -> None:
+    """``auto``: readable lines on a terminal, JSON lines otherwise (a service's log collector);
+    with ``client`` (a CLI command that is not a service) ``auto`` means plain one-line text
+    (``warning: ...``) wherever it goes: JSON only when asked for (``--log-format json``)."""
     global _configured
-    if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
-    renderer: Any = (
-        structlog.processors.JSONRenderer()
-        if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    )
+    renderer: Any
+    if fmt == "auto" and client:
+        renderer = _plain
+    else:
+        if fmt == "auto":
+            fmt = "console" if sys.stderr.isatty() else "json"
+        renderer = (
+            structlog.processors.JSONRenderer()
+            if fmt == "json"
+            else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

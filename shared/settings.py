@@ -61,6 +61,12 @@ class Settings(BaseSettings):
         description="Connection name of the CLI and Python client; replies come to _INBOX.<client_name>.>, "
         "so NATS permissions can keep an agent's client from reading a dashboard's (e.g. `dashboard`).",
     )
+    connect_budget_s: float = Field(
+        default=5.0, ge=0,
+        description="How long a CLI command (and the Python client) tries its first connection to NATS before it "
+        "gives up, saying which URL it tried and where that URL came from; 0: without limit. Services "
+        "(`ftbus up`, `ftbus worker`, the dashboard) always retry without limit.",
+    )
     report_nats_url: str | None = Field(
         default=None,
         description="A URL whose user may read reports, e.g. nats://dashboard:<password>@host:4222. The RD-Agent "
@@ -281,10 +287,11 @@ class Settings(BaseSettings):
         "Without an LLM answer the rules decide. See docs/judge.md.",
     )
     judge_confidence_level: float = Field(
-        default=0.95, ge=0.5, lt=1,
+        default=0.95, ge=0.9, lt=1,
         description="judge_policy=significant: the confidence level of the paired comparison with the base "
         "model. The improvement's interval at this level must exclude 0, and the p-value (McNemar's exact "
-        "test, or the paired permutation test) must be below 1 - level.",
+        "test, or the paired permutation test) must be below 1 - level. At least 0.9: below it noise passes "
+        "(at 0.5, 3 better items of 40, p = 0.25, would be accepted).",
     )
 
     # ------------------------------------------------------------------ dashboard
@@ -345,7 +352,12 @@ class Settings(BaseSettings):
     )
 
     # ------------------------------------------------------------------ logging
-    log_format: Literal["auto", "json", "console"] = "auto"
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto",
+        description="`json`: one JSON object per line (structlog), `console`: readable lines, `auto`: for services "
+        "(up, worker, dashboard) console when stderr is a terminal, else json; for the client commands plain "
+        "`warning: ...` lines (`ftbus --log-format json COMMAND` for JSON).",
+    )
     log_level: str = "INFO"
 
     # ------------------------------------------------------------------ runtime

@@ -51,32 +51,45 @@ def _listing(names: list[str]) -> str:
     return ", ".join(names) or "none (run `ftbus assets init`)"
 
 
-def task_problem(task: TaskSpec, assets_dir: Path) -> str | None:
-    """What is unknown in ``task``, with the known names; None when everything exists.
+def model_problem(name: str, assets_dir: Path) -> str | None:
+    """Why base model ``name`` is unknown, or None. An absolute path is left to the trainer (it may
+    exist only on GPU hosts)."""
+    if Path(name).is_absolute():
+        return None
+    problem = _plain(name, "base model")
+    if problem is None and not (assets_dir / "models" / name).is_dir():
+        problem = (f"unknown base model {name!r} (not under {assets_dir / 'models'}); "
+                   f"available models: {_listing(available_models(assets_dir))}")
+    return problem
 
-    A base model given as an absolute path is left to the trainer (it may exist only on GPU hosts).
-    """
-    if not Path(task.base_model).is_absolute():
-        problem = _plain(task.base_model, "base model")
-        if problem is None and not (assets_dir / "models" / task.base_model).is_dir():
-            problem = (f"unknown base model {task.base_model!r} (not under {assets_dir / 'models'}); "
-                       f"available models: {_listing(available_models(assets_dir))}")
-        if problem:
-            return problem
-    problem = _plain(task.benchmark, "benchmark")
-    if problem is None and not (assets_dir / "benchmarks" / task.benchmark / BENCHMARK_DESCRIPTOR).is_file():
-        problem = (f"unknown benchmark {task.benchmark!r} (not under {assets_dir / 'benchmarks'}); "
+
+def benchmark_problem(name: str, assets_dir: Path) -> str | None:
+    problem = _plain(name, "benchmark")
+    if problem is None and not (assets_dir / "benchmarks" / name / BENCHMARK_DESCRIPTOR).is_file():
+        problem = (f"unknown benchmark {name!r} (not under {assets_dir / 'benchmarks'}); "
                    f"available benchmarks: {_listing(available_benchmarks(assets_dir))}")
-    if problem:
-        return problem
-    for name in task.involving_datasets:
-        problem = _plain(name, "declared dataset")
-        if problem is None and not (assets_dir / "datasets" / name).is_dir():
-            problem = (f"declared dataset {name!r} is not under {assets_dir / 'datasets'}; "
-                       f"available: {', '.join(available_datasets(assets_dir)) or 'none'}")
-        if problem:
-            return problem
-    return None
+    return problem
+
+
+def dataset_problem(name: str, assets_dir: Path) -> str | None:
+    problem = _plain(name, "declared dataset")
+    if problem is None and not (assets_dir / "datasets" / name).is_dir():
+        problem = (f"declared dataset {name!r} is not under {assets_dir / 'datasets'}; "
+                   f"available: {', '.join(available_datasets(assets_dir)) or 'none'}")
+    return problem
+
+
+def task_problems(task: TaskSpec, assets_dir: Path) -> list[str]:
+    """Everything unknown in ``task`` (base model, benchmark, each dataset), with the known names."""
+    found = [model_problem(task.base_model, assets_dir), benchmark_problem(task.benchmark, assets_dir)]
+    found += [dataset_problem(name, assets_dir) for name in task.involving_datasets]
+    return [problem for problem in found if problem]
+
+
+def task_problem(task: TaskSpec, assets_dir: Path) -> str | None:
+    """The first of :func:`task_problems`; None when everything exists."""
+    problems = task_problems(task, assets_dir)
+    return problems[0] if problems else None
 
 
 def check_task(task: TaskSpec, assets_dir: Path) -> None:

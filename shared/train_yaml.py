@@ -118,3 +118,58 @@ def dump_yaml(config: dict[str, Any]) -> str:
     return yaml.dump(
         config, Dumper=TrainYamlDumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10_000
     )
+
+
+#: LlamaFactory's training stages (``FinetuningArguments.stage``), as services/trainer/config.py checks them.
+STAGES = ("pt", "sft", "rm", "ppo", "dpo", "kto")
+
+
+def dataset_names(value: Any) -> list[str] | None:
+    """``dataset``/``eval_dataset`` as LlamaFactory reads them (``a,b`` or a list); None if neither."""
+    if value is None:
+        return []
+    items: Any = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        return None
+    return [name.strip() for name in items if name.strip()]
+
+
+def config_problems(config: Any) -> list[str]:
+    """What is wrong with the keys of a loaded train.yaml that needs neither a worker nor the data:
+    the same rules the trainer applies first (services/trainer/config.py), for a check before submit.
+    Each problem says what to change."""
+    if config is None:
+        return ["train.yaml is empty: write LlamaFactory training arguments as `key: value` lines"]
+    if not isinstance(config, dict):
+        return [f"train.yaml must be a mapping of LlamaFactory arguments (`key: value` lines); it is a YAML "
+                f"{type(config).__name__}"]
+    problems: list[str] = []
+    model = config.get("model_name_or_path")
+    if model is None or (isinstance(model, str) and not model.strip()):
+        problems.append("train.yaml has no model_name_or_path: set it to the base model (a folder name under the "
+                        "assets' models/, e.g. tiny-llama)")
+    elif not isinstance(model, str):
+        problems.append(f"model_name_or_path must be a string; got {model!r}")
+    stage = config.get("stage")
+    if stage is not None and stage not in STAGES:
+        problems.append(f"stage {stage!r} is not one of LlamaFactory's stages: {', '.join(STAGES)}")
+    if config.get("do_train") is False:
+        problems.append("train.yaml sets do_train: false; this evaluation trains a model: set do_train: true")
+    finetuning_type = config.get("finetuning_type", "lora")
+    if not isinstance(finetuning_type, str) or not finetuning_type.strip():
+        problems.append(f"finetuning_type must be a string such as lora or full; got {finetuning_type!r}")
+    dataset_dir = config.get("dataset_dir")
+    if isinstance(dataset_dir, str) and dataset_dir.strip() == "ONLINE":
+        problems.append("dataset_dir: ONLINE loads datasets from the Hugging Face Hub, which training cannot "
+                        "reach; declare the processed data in dataset_info.json and leave dataset_dir out")
+    elif dataset_dir is not None and (not isinstance(dataset_dir, str) or not dataset_dir.strip()):
+        problems.append(f"dataset_dir must be a folder path; got {dataset_dir!r} (or leave it out)")
+    for key in ("dataset", "eval_dataset"):
+        names = dataset_names(config.get(key))
+        if names is None:
+            problems.append(f"{key} must be a dataset name, a comma-separated string of names or a list of "
+                            f"names; got {config.get(key)!r}")
+        elif key == "dataset" and not names:
+            problems.append("train.yaml names no dataset: set `dataset:` to the name declared in "
+                            "dataset_info.json (e.g. processed_data)")
+    return problems
