@@ -31,9 +31,13 @@ sandbox: toolchain docker
 	bash deploy/sandbox/build.sh $(TOOLCHAIN)
 
 # For `make test`: where no engine can run, the sandbox tests are skipped (each says why); where
-# one runs, the image must build.
+# one runs, the image must build. Then gVisor for the code executor's runsc tests (Debian's runsc,
+# registered with the engine and tried on the image: deploy/sandbox/runsc.sh, about 5 s the first
+# time, under a second after); where it cannot be had, those tests are skipped.
 sandbox-for-tests: toolchain
-	@if bash deploy/sandbox/engine.sh; then bash deploy/sandbox/build.sh $(TOOLCHAIN); \
+	@if bash deploy/sandbox/engine.sh; then bash deploy/sandbox/build.sh $(TOOLCHAIN) \
+	  && { bash deploy/sandbox/runsc.sh \
+	       || echo "[make] no gVisor runtime (runsc) here: the gVisor tests will be skipped, saying why"; }; \
 	else echo "[make] no Docker engine here: the sandbox and docker e2e tests will be skipped, saying why"; fi
 
 # A real browser for the dashboard's page tests: Debian's Chromium, driven by Playwright (a dev
