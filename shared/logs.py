@@ -17,6 +17,24 @@ import structlog
 _configured = False
 
 
+class _StderrLogger:
+    """Writes each line to the ``sys.stderr`` of the moment it is written.
+
+    ``PrintLoggerFactory(file=sys.stderr)`` keeps the stream that was current at configure time;
+    a CLI run in-process (a test's runner, a notebook) swaps ``sys.stderr`` for a buffer it closes
+    afterwards, and every later line in that process then fails with "I/O operation on closed
+    file"."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _stderr_logger(*_: Any) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def _plain(_: Any, __: str, event: dict[str, Any]) -> str:
     """``warning: nats connection error (error=...)``: a client's log line, for people."""
     level = event.pop("level", "info")
@@ -54,7 +72,7 @@ def setup_logging(fmt: Literal["auto", "json", "console"] = "auto", level: str =
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
     _configured = True
