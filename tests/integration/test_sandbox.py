@@ -430,7 +430,9 @@ async def test_a_killed_workers_container_is_reaped_by_the_next_worker(
     worker on the host starts and removes it; the request then ends with exactly one verdict."""
     from tests.integration.test_delivery import ftbus_env, ftbus_exe, verdicts_on
 
-    script = "import time\nprint('working', flush=True)\ntime.sleep(6)\nraise SystemExit(3)\n"
+    # Long enough that the orphan is still running when it is looked at on a loaded machine (with 6 s
+    # it had exited, and been removed, before the test looked).
+    script = "import time\nprint('working', flush=True)\ntime.sleep(20)\nraise SystemExit(3)\n"
     ws = write_workspace(tmp_path / "ws", script=script)
     pipeline = Pipeline(docker_settings)
     workers: list[asyncio.subprocess.Process] = []
@@ -458,9 +460,8 @@ async def test_a_killed_workers_container_is_reaped_by_the_next_worker(
         orphans = await containers_of(rid)
         assert len(orphans) == 1, "the first worker never started the candidate's container"
         first.kill()
-        await first.wait()
-        await asyncio.sleep(1)
-        orphans[0].reload()
+        await first.wait()  # dead: nothing of the worker can remove its container from here on
+        await asyncio.to_thread(orphans[0].reload)
         assert orphans[0].status == "running"  # the engine, not the worker, owns it
 
         await start_worker()  # reaps at start, then takes the redelivered message
