@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from runners.base import Runner, reap_orphans
 from runners.choice import make_runner
+from runners.limit import LimitedRunner
 from runners.quota import with_quota
 from shared.events import FailedStage
 from shared.logs import get_logger
@@ -60,6 +61,9 @@ class StageSpec:
     #: The disk its runs may fill in their working folder (a setting's value), watched by the quota
     #: runner (runners/quota.py); None: not watched.
     disk_quota: Callable[[Settings], int] | None = None
+    #: Runs of candidate code one worker makes at once (a setting's value; runners/limit.py), for a
+    #: stage that handles more messages at once than it runs programs; None: one per message.
+    run_limit: Callable[[Settings], int] | None = None
     #: A service's own entry point (the aggregator's); by default one worker of this spec.
     entry: Callable[[Bus, asyncio.Event, int, Sequence[StageSpec]], Awaitable[None]] | None = None
     #: Messages one worker handles at once unless told otherwise (``stage_concurrency``,
@@ -135,6 +139,8 @@ class StageSpec:
             settings = bus.settings
             runner = with_quota(runner, max_bytes=self.disk_quota(settings), max_files=settings.run_max_files,
                                 poll_s=settings.quota_poll_s)
+        if runner is not None and self.run_limit is not None:
+            runner = LimitedRunner(runner, self.run_limit(bus.settings))
         await self.worker(bus, pipeline, concurrency=concurrency, runner=runner).run(stop)
 
     def worker(self, bus: Bus, pipeline: Sequence[StageSpec], *, concurrency: int = 1, runner: Runner | None = None,

@@ -354,7 +354,8 @@ class CoreMsg:
 
 
 class MemorySubscription:
-    """A core subscription; its callbacks run one after the other, in order, as nats-py runs them."""
+    """A core subscription; its callbacks run one after the other, in order, as nats-py runs them.
+    Without a callback, ``messages`` iterates over them as nats-py's does."""
 
     def __init__(self, bus: MemoryBus, subject: str, cb: Callable[[CoreMsg], Awaitable[None]] | None) -> None:
         self._bus, self.subject, self._cb = bus, subject, cb
@@ -362,10 +363,28 @@ class MemorySubscription:
         #: Messages queued for the callback or in it.
         self.pending = 0
         self._task = asyncio.create_task(self._run()) if cb is not None else None
+        self._iterated = False
 
     def put(self, msg: CoreMsg) -> None:
-        self.pending += self._task is not None
+        self.pending += self._task is not None or self._iterated
         self.queue.put_nowait(msg)
+
+    @property
+    def messages(self) -> AsyncIterator[CoreMsg]:
+        """The messages in order; one is in the reader's hands until it asks for the next."""
+        if not self._iterated:
+            self._iterated = True
+            self.pending += self.queue.qsize()  # those that came before the reader
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[CoreMsg]:
+        while True:
+            msg = await self.queue.get()
+            try:
+                yield msg
+            finally:
+                self.pending -= 1
+                self.queue.task_done()
 
     async def _run(self) -> None:
         assert self._cb is not None

@@ -49,8 +49,6 @@ from shared.tasks import cancel_until_done
 
 log = get_logger("ftbus.aggregator")
 
-#: Requests whose last progress write the aggregator remembers before it forgets the idle ones.
-PROGRESS_MEMORY = 1024
 
 
 class Aggregator:
@@ -71,9 +69,6 @@ class Aggregator:
         self.outbox = Outbox(bus, self.store)
         self.sweeper = Sweeper(bus, self.store, self.apply, self.rows)
         self.retention = Retention(bus, self.store)
-        self._last_progress_write: dict[str, float] = {}
-        #: Progress writes under way: each a task, so that the subscription's callback never waits.
-        self._progress_writes: set[asyncio.Task[None]] = set()
 
     def accepts(self) -> tuple[type, ...]:
         """What its event consumer reads: the request, cancels and every stage's result."""
@@ -102,7 +97,9 @@ class Aggregator:
                         log_each=False)
             for stream, name, filters, accepts, rule, loops in consumers
         ]
-        progress_sub = await self.bus.nc.subscribe(s.progress(), cb=self._on_progress)
+        progress_sub = await self.bus.nc.subscribe(s.progress())
+        # Follows until the others stop (then it is cancelled: its subscription has no end of its own).
+        progress = asyncio.create_task(self._follow_progress(progress_sub))
         tasks = [
             *(asyncio.create_task(worker.run(stop)) for worker in workers),
             asyncio.create_task(follow_advisories(self.bus, stop)),
@@ -112,10 +109,9 @@ class Aggregator:
         try:
             await asyncio.gather(*tasks)
         finally:
-            await cancel_until_done(tasks)
+            await cancel_until_done([*tasks, progress])
             with contextlib.suppress(Exception):
                 await progress_sub.unsubscribe()
-            await cancel_until_done(self._progress_writes)
 
     def _dead_letters_here(self, subject: str) -> str | None:
         """None when no stage worker consumes ``subject``, so that the aggregator must dead-letter it.
@@ -141,7 +137,7 @@ class Aggregator:
         if rid is None:  # a dead letter whose request could not be read
             log.warning("dead letter without a readable request id", reason=event.reason)
             return []
-        await self.apply(rid, change, new=isinstance(event, EvalRequested))
+        await self.apply(rid, change)
         return []
 
     def _transition(self, event: Any, subject: str) -> t.Transition | None:
@@ -165,57 +161,36 @@ class Aggregator:
         assert isinstance(event, StageResult)
         return lambda r: t.on_stage_result(r, event, row, self.judge)
 
-    async def apply(self, request_id: str, change: t.Transition, *, create: bool = True,
-                    new: bool = False) -> RequestRecord | None:
+    async def apply(self, request_id: str, change: t.Transition, *, create: bool = True) -> RequestRecord | None:
         """Apply ``change`` to the record (one compare-and-set), write its public view, then publish
         what it owes. The final view goes before the verdict: whoever has the verdict then finds it
         in `ftbus status`. A change that changed nothing still publishes what is owed (a
-        redelivery after a crash between the write and the publishing). ``new``: the request's
-        arrival, whose record most likely does not exist yet (RecordStore.update)."""
+        redelivery after a crash between the write and the publishing)."""
         async with self.store.hold(request_id):
-            # The stored view is read beside the record: the view's write compares with it.
-            viewed = asyncio.ensure_future(self.store.get_view(request_id))
-            try:
-                record, changed = await self.store.update(request_id, change, create=create, new=new)
-            finally:
-                stored_view = await viewed
+            record, changed = await self.store.update(request_id, change, create=create)
             if record is None:
                 return None
             if changed or t.owed(record):
-                await self.store.put_view(record, stored_view)
-            record = await self.outbox.deliver(record)
-        if record.terminal:
-            self._last_progress_write.pop(request_id, None)
-        return record
+                await self.store.put_view(record)
+            return await self.outbox.deliver(record)
 
-    async def _on_progress(self, msg: Any) -> None:
-        """The progress subscription's callback: nats-py runs them one after the other, so the
-        write is a task of its own. Progress travels as core messages (at most once): nobody waits
-        for its write, and one lost is no loss."""
-        try:
-            event = codec.decode(msg.data, Progress)
-        except codec.CodecError:
-            return
-        if event.state not in ("running", "retrying"):
-            # A handling's start and end are for watchers (`ftbus watch`, the dashboard's live
-            # views): the record takes a stage's start from its first progress of its own (every
-            # stage that runs a while reports one as its work begins) or from its result (StageRun),
-            # and its end from its result.
-            return
-        # Progress can come several times a second: write the record at most once a second; what a
-        # skipped one said comes with the next one written, or with the stage's result.
-        now = asyncio.get_running_loop().time()
-        rid = event.request_id
-        if now - self._last_progress_write.get(rid, 0.0) < 1.0:
-            return
-        self._last_progress_write[rid] = now
-        if len(self._last_progress_write) > PROGRESS_MEMORY:  # forget what fell silent a minute ago
-            for key, at in list(self._last_progress_write.items()):
-                if now - at > 60.0:
-                    del self._last_progress_write[key]
-        task = asyncio.create_task(self._write_progress(event))
-        self._progress_writes.add(task)
-        task.add_done_callback(self._progress_writes.discard)
+    async def _follow_progress(self, subscription: Any) -> None:
+        """Write each stage's running progress into its record, one after the other. Progress
+        travels as core messages (at most once): nobody waits for its write, and one lost (a write
+        that fails, or messages the subscription dropped while the writes lagged) is no loss: the
+        next one, or the stage's result, writes what it said."""
+        async for msg in subscription.messages:
+            try:
+                event = codec.decode(msg.data, Progress)
+            except codec.CodecError:
+                continue
+            if event.state not in ("running", "retrying"):
+                # A handling's start and end are for watchers (`ftbus watch`, the dashboard's live
+                # views): the record takes a stage's start from its first progress of its own (every
+                # stage that runs a while reports one as its work begins) or from its result
+                # (StageRun), and its end from its result.
+                continue
+            await self._write_progress(event)
 
     async def _write_progress(self, event: Progress) -> None:
         try:

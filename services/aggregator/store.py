@@ -68,20 +68,16 @@ class RecordStore:
         record.revision = entry.revision
         return record
 
-    async def update(self, request_id: str, change: Transition, *, create: bool = True, new: bool = False,
+    async def update(self, request_id: str, change: Transition, *, create: bool = True,
                      start: RequestRecord | None = None, attempts: int = 100) -> tuple[RequestRecord | None, bool]:
         """Read the record (or begin from ``start``, a record this caller just wrote), apply
         ``change``, and write it if its revision is still the one read; else read it again and
-        retry. ``new``: the request's first event, whose record most likely does not exist: it is
-        created without a read first (one that exists makes the create fail, and is then read).
-        Returns (the record, True) once written; (the record, False) when ``change`` returned
+        retry. Returns (the record, True) once written; (the record, False) when ``change`` returned
         False (nothing written); (None, False) with no record and ``create`` off."""
         bucket = await self.bucket()
         for attempt in range(attempts):
             if attempt == 0 and start is not None:
                 record: RequestRecord | None = start
-            elif attempt == 0 and new and create:
-                record = None
             else:
                 record = await self.get(request_id)
             if record is None:
@@ -117,15 +113,13 @@ class RecordStore:
         except KeyNotFoundError:
             return None
 
-    async def put_view(self, record: RequestRecord, entry: Any = None, attempts: int = 20) -> None:
+    async def put_view(self, record: RequestRecord, attempts: int = 20) -> None:
         """Write ``record``'s public view unless the status bucket holds one of a later record
-        revision already (the newest must stay). ``entry``: the bucket's entry as read just
-        before (:meth:`get_view`); a write that finds it changed reads it again."""
+        revision already (the newest must stay): read, then compare-and-set."""
         status = await self.bus.kv(self.bus.subjects.kv_status)
         view = record.public_view_json()
-        for attempt in range(attempts):
-            if attempt:
-                entry = await self.get_view(record.request_id)
+        for _ in range(attempts):
+            entry = await self.get_view(record.request_id)
             try:
                 if entry is None or not entry.value:
                     await status.create(record.request_id, view)

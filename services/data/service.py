@@ -12,7 +12,6 @@ import contextlib
 import json
 import shutil
 import tempfile
-import weakref
 from pathlib import Path
 
 from runners.base import EXIT_TIMEOUT, RunResult
@@ -96,11 +95,11 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
 
     timeout = settings.timeout_for("data_processing", context.timeouts.data_processing)
     log_path = ctx.workdir / "data_processing.log"
-    async with _run_slots(settings.data_concurrent_runs):
-        await ctx.progress(message="running process_data.py")
-        run, llm_usage = await _run_process_data(
-            ctx, workspace, timeout, log_path, [_base_model_dir(assets, context.task.base_model), *dataset_dirs]
-        )
+    await ctx.progress(message="running process_data.py")
+    # The worker's runner takes data_concurrent_runs runs at once (StageSpec.run_limit).
+    run, llm_usage = await _run_process_data(
+        ctx, workspace, timeout, log_path, [_base_model_dir(assets, context.task.base_model), *dataset_dirs]
+    )
     log_ref = await ctx.artifacts.put_file(f"{event.request_id}/logs/data_processing.log", log_path)
     outcome = run.outcome(log_ref)
     summary = DataSummary(cache_key=key, outcome=outcome, llm_usage=llm_usage)
@@ -138,19 +137,6 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     ctx.tell(samples=stats.total_samples, cached=False, cache_key=key)
     ok = DataResult(request_id=rid, ok=True, context=context, data=summary)
     return [Outgoing(ctx.subjects.completed("data"), ok, "completed")]
-
-
-#: One limit on process_data.py runs per worker (per event loop): the stage itself handles many
-#: requests at once (pre-checks, cache hits), but a run is the candidate's CPU work.
-_SLOTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
-
-
-def _run_slots(limit: int) -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    slots = _SLOTS.get(loop)
-    if slots is None:
-        slots = _SLOTS[loop] = asyncio.Semaphore(limit)
-    return slots
 
 
 async def _run_process_data(
@@ -220,8 +206,7 @@ def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
 SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
                  consumes=lambda s, pipeline: [s.eval_requested], accepts=(EvalRequested,),
                  disk_quota=lambda settings: settings.data_disk_quota_bytes,
-                 # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart
-                 # (data_concurrent_runs).
-                 concurrency=32,
+                 # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart.
+                 concurrency=32, run_limit=lambda settings: settings.data_concurrent_runs,
                  result=DataResult, record_name=FailedStage.data_processing, words="data processing",
                  timeout=lambda settings: settings.data_timeout_s, next=Stage.train)
