@@ -7,8 +7,8 @@ nats-server with ``--finished`` finished records (each a judged, reported reques
 and ``--open`` records of requests under way, then measures, in CPU milliseconds of the
 aggregator's process and of the server:
 
-- the first sweep of an aggregator (it reads every key's latest header once);
-- a later sweep (it reads only the headers written since, then the open records);
+- the first sweep of an aggregator (it reads every key's latest record once, in one pass);
+- a later sweep (it reads only the records written since, then the open records);
 - the same bucket read record by record, as the sweep did before records said whether they
   are open (a key listing, then a read and parse of each record).
 
@@ -80,11 +80,11 @@ async def measure(finished: int, open_count: int, root: Path) -> list[dict[str, 
         size = len(finished_record("r0").stored_json())
         batch = 200
         for start in range(0, finished, batch):
-            await asyncio.gather(*(records.create(f"done{n:06d}", finished_record(f"done{n:06d}").stored_json(),
-                                                  open_=False) for n in range(start, min(finished, start + batch))))
+            await asyncio.gather(*(records.create(f"done{n:06d}", finished_record(f"done{n:06d}").stored_json())
+                                   for n in range(start, min(finished, start + batch))))
         for n in range(open_count):  # requests under way, fresh: nothing for the sweep to do but look
             record = RequestRecord(request_id=f"open{n:04d}", status="running", stage="train", updated_at=utcnow())
-            await records.create(record.request_id, record.stored_json(), open_=True)
+            await records.create(record.request_id, record.stored_json())
         print(f"bucket: {finished} finished records ({size} bytes each), {open_count} open", file=sys.stderr)
 
         async def read_everything() -> None:
@@ -103,7 +103,7 @@ async def measure(finished: int, open_count: int, root: Path) -> list[dict[str, 
 
     what = f"sweep, {finished:,} finished and {open_count} open records"
     return [
-        {"measure": f"{what}: an aggregator's first sweep (every key's header)", "value": value(first),
+        {"measure": f"{what}: an aggregator's first sweep (every key's latest record)", "value": value(first),
          "target": None, "met": None},
         {"measure": f"{what}: each later sweep (CPU every sweep_interval_s)", "value": value(later),
          "target": None, "met": None},

@@ -425,7 +425,8 @@ class MemoryConnection:
 
 
 class MemoryJetStream:
-    """``bus.js``: the one JetStream call the runtime makes directly (RecordBucket's writes)."""
+    """``bus.js``: JetStream publishes (what :meth:`MemoryBus.publish` does), with a KV subject's
+    compare-and-set header honoured as the server does."""
 
     def __init__(self, bus: MemoryBus) -> None:
         self._bus = bus

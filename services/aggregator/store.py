@@ -17,8 +17,8 @@ from typing import Any
 
 import nats
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
 
-from services.aggregator.records_bucket import RecordBucket
 from services.aggregator.transitions import Transition, complete_report
 from shared.bus import Bus
 from shared.events import utcnow
@@ -32,13 +32,12 @@ class Contention(RuntimeError):
 class RecordStore:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self._bucket: RecordBucket | None = None
+        self._bucket: KeyValue | None = None
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
-    async def bucket(self) -> RecordBucket:
+    async def bucket(self) -> KeyValue:
         if self._bucket is None:
-            name = self.bus.subjects.kv_requests
-            self._bucket = RecordBucket(self.bus.js, await self.bus.kv(name), name)
+            self._bucket = await self.bus.kv(self.bus.subjects.kv_requests)
         return self._bucket
 
     @contextlib.asynccontextmanager
@@ -88,11 +87,11 @@ class RecordStore:
                 return record, False
             complete_report(record)
             record.updated_at = utcnow()
-            # Open until its verdict and report are out and marked so: the sweeper follows this.
-            open_ = not (record.verdict_published and record.report_published)
             try:
-                record.revision = await bucket.update(request_id, record.stored_json(), last=record.revision,
-                                                      open_=open_)
+                if record.revision:
+                    record.revision = await bucket.update(request_id, record.stored_json(), last=record.revision)
+                else:
+                    record.revision = await bucket.create(request_id, record.stored_json())
             except KeyWrongLastSequenceError:
                 # Another aggregator wrote it first: read and apply again, after a little jitter so
                 # that several aggregators do not keep colliding.

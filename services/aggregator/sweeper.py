@@ -1,4 +1,4 @@
-"""The sweeper: every ``sweep_interval_s``, each open record (services/aggregator/records_bucket.py)
+"""The sweeper: every ``sweep_interval_s``, each open record (services/aggregator/open_records.py)
 is looked at, and what a crash or a lost message left undone is done: a verdict or report claimed
 but not published is published, a hidden test split that never came is given up on, and a request
 silent for longer than its stage may run ends with an error verdict naming the stage."""
@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
-from services.aggregator.records_bucket import OpenRecords
+from services.aggregator.open_records import OpenRecords
 from services.aggregator.store import RecordStore
 from services.aggregator.transitions import Transition, give_up_on_test, on_stuck, unchanged
 from shared.bus import Bus

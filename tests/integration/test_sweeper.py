@@ -1,6 +1,6 @@
 """The aggregator's sweeper on a real nats-server: it reads the records still open, never the
 finished ones the bucket keeps for a month, and it still ends stuck requests and publishes what a
-crash left unpublished (services/aggregator/records_bucket.py)."""
+crash left unpublished (services/aggregator/open_records.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from ftbus.stages import BY_STAGE, PIPELINE
-from services.aggregator.records_bucket import OPEN_HEADER, OpenRecords
+from services.aggregator.open_records import OpenRecords
 from services.aggregator.service import Aggregator
 from services.aggregator.verdicts import build_report, cancelled_verdict
 from shared import codec
@@ -34,16 +34,13 @@ async def test_the_sweep_reads_open_records_only_and_still_ends_what_it_must(bus
     records = await aggregator.store.bucket()
     s = bus.subjects
     for n in range(40):
-        await records.create(f"done{n}", finished(f"done{n}").stored_json(), open_=False)
-    await records.create("stuck", stuck("stuck").stored_json(), open_=True)
+        await records.create(f"done{n}", finished(f"done{n}").stored_json())
+    await records.create("stuck", stuck("stuck").stored_json())
+    await records.create("stuck-too", stuck("stuck-too").stored_json())
     unpublished = RequestRecord(request_id="unpublished", status="cancelled", stage="train")
     unpublished.verdict = cancelled_verdict(unpublished, "asked", BY_STAGE[Stage.train])
     unpublished.report = build_report(unpublished)  # claimed and written, then the aggregator died
-    await records.create("unpublished", unpublished.stored_json(), open_=True)
-    # Written before records carried the header: one finished, one stuck.
-    legacy = await bus.kv(s.kv_requests)
-    await legacy.put("legacy-done", finished("legacy-done").stored_json())
-    await legacy.put("legacy-stuck", stuck("legacy-stuck").stored_json())
+    await records.create("unpublished", unpublished.stored_json())
 
     verdicts: list[str] = []
 
@@ -61,10 +58,9 @@ async def test_the_sweep_reads_open_records_only_and_still_ends_what_it_must(bus
     aggregator.store.get = counted_get  # type: ignore[method-assign]
 
     await aggregator.sweeper.sweep()
-    assert sorted(set(read)) == ["legacy-done", "legacy-stuck", "stuck", "unpublished"], \
-        "the sweep read finished records"
+    assert sorted(set(read)) == ["stuck", "stuck-too", "unpublished"], "the sweep read finished records"
     await bus.nc.flush()
-    for rid in ("stuck", "legacy-stuck"):
+    for rid in ("stuck", "stuck-too"):
         record = await get(rid)
         assert record is not None and record.status == "error" and record.verdict_published
         assert "the request was stuck" in (record.verdict.execution if record.verdict else "")
@@ -72,10 +68,7 @@ async def test_the_sweep_reads_open_records_only_and_still_ends_what_it_must(bus
     assert record is not None and record.verdict_published and record.report_published
     view = RequestStatusView.model_validate_json((await (await bus.kv(s.kv_status)).get("unpublished")).value)
     assert view.status == "cancelled" and view.revision > 0, "a crash's lost final view is written"
-    assert sorted(verdicts) == ["legacy-stuck", "stuck", "unpublished"]
-    for rid in ("stuck", "legacy-stuck", "unpublished"):
-        entry = await bus.js.get_last_msg(f"KV_{s.kv_requests}", f"$KV.{s.kv_requests}.{rid}")
-        assert (entry.headers or {}).get(OPEN_HEADER) == "0", "a record marked done says so"
+    assert sorted(verdicts) == ["stuck", "stuck-too", "unpublished"]
 
     # Nothing open is left: the next sweep reads only what was written since, and no record.
     read.clear()
@@ -90,11 +83,11 @@ async def test_open_records_follow_each_keys_latest_write(bus: Bus) -> None:
     bucket = bus.subjects.kv_requests
     tracker = OpenRecords(bus.js, bucket)
     assert await tracker.refresh() == [] and tracker.last_read == 0, "an empty bucket"
-    await records.create("a", b"{}", open_=True)
-    revision = await records.create("b", b"{}", open_=True)
+    await records.create("a", stuck("a").stored_json())
+    revision = await records.create("b", stuck("b").stored_json())
     assert sorted(await tracker.refresh()) == ["a", "b"]
-    await records.update("b", b"{}", revision, open_=False)
-    await records.create("c", b"{}", open_=True)
+    await records.update("b", finished("b").stored_json(), revision)
+    await records.create("c", stuck("c").stored_json())
     assert sorted(await tracker.refresh()) == ["a", "c"]
     assert tracker.last_read == 2, "a refresh reads only the writes since the last one"
     assert sorted(await tracker.refresh()) == ["a", "c"] and tracker.last_read == 0

@@ -18,7 +18,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from ftbus.stages import BY_STAGE, PIPELINE
 from services.aggregator import transitions as agg
-from services.aggregator.records_bucket import OPEN_HEADER
+from services.aggregator.open_records import is_open
 from services.aggregator.service import Aggregator
 from services.aggregator.store import Contention, RecordStore
 from services.aggregator.verdicts import build_report, report_ready
@@ -243,7 +243,7 @@ async def test_a_pre_check_failure_ends_in_one_verdict_its_record_and_view_final
     view = await view_of(bus, "req-1")
     assert view.status == "completed" and view.final_decision is False and view.terminal
     entry = await (await bus.kv(s.kv_requests)).get("req-1")
-    assert entry.headers.get(OPEN_HEADER) == "0", "a request whose verdict and report are out is closed"
+    assert not is_open(entry.value), "a request whose verdict and report are out is closed"
 
 
 async def test_the_report_waits_for_the_hidden_test_split_and_the_verdict_does_not(bus: MemoryBus) -> None:
@@ -368,7 +368,7 @@ async def test_a_record_update_that_always_loses_says_so(bus: MemoryBus) -> None
     await store.update("req-1", lambda r: None)
     bucket = await store.bucket()
 
-    async def always_stale(key: str, value: bytes, last: int, *, open_: bool) -> int:
+    async def always_stale(key: str, value: bytes, last: int) -> int:
         raise KeyWrongLastSequenceError(description="wrong last sequence")
 
     bucket.update = always_stale  # type: ignore[method-assign]

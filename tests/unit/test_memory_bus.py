@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from nats.errors import MsgAlreadyAckdError
-from nats.js.api import Header
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NoStreamResponseError
 
 from shared import codec
@@ -169,38 +168,6 @@ async def test_kv_revisions_are_the_bucket_s_sequence_and_writes_compare_and_set
     with pytest.raises(NoKeysError):
         await (await bus.kv("empty")).keys()
     assert await bus.kv("ftbus_status") is kv
-
-
-async def test_a_jetstream_publish_on_a_kv_subject_writes_the_bucket_with_its_headers(bus: MemoryBus) -> None:
-    """RecordBucket's writes: a compare-and-set header, and a header of its own kept with the entry."""
-    kv = await bus.kv("ftbus_requests")
-    expected = Header.EXPECTED_LAST_SUBJECT_SEQUENCE
-    ack = await bus.js.publish("$KV.ftbus_requests.r1", b"v1", headers={expected: "0", "Ftbus-Open": "1"})
-    assert ack.seq == 1
-    with pytest.raises(APIError) as refused:
-        await bus.js.publish("$KV.ftbus_requests.r1", b"v1 again", headers={expected: "0", "Ftbus-Open": "1"})
-    assert refused.value.err_code == 10071
-    await bus.js.publish("$KV.ftbus_requests.r1", b"v2", headers={expected: "1", "Ftbus-Open": "0"})
-    entry = await kv.get("r1")
-    assert (entry.value, entry.revision, entry.headers["Ftbus-Open"]) == (b"v2", 2, "0")
-    with pytest.raises(NoStreamResponseError):
-        await bus.js.publish("$KV.no_such_bucket.r1", b"x")
-
-
-async def test_the_aggregator_s_record_bucket_works_on_the_memory_bus(bus: MemoryBus) -> None:
-    from services.aggregator.records_bucket import OPEN_HEADER, RecordBucket
-
-    bucket = bus.subjects.kv_requests
-    records = RecordBucket(bus.js, await bus.kv(bucket), bucket)  # type: ignore[arg-type]
-    first = await records.create("r1", b"open", open_=True)
-    with pytest.raises(KeyWrongLastSequenceError):
-        await records.create("r1", b"twice", open_=True)
-    done = await records.update("r1", b"done", first, open_=False)
-    with pytest.raises(KeyWrongLastSequenceError):
-        await records.update("r1", b"stale", first, open_=False)
-    entry = await records.get("r1")
-    assert (entry.value, entry.revision) == (b"done", done)
-    assert entry.headers[OPEN_HEADER] == "0"  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------- consumers
