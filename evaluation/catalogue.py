@@ -177,6 +177,10 @@ def _aime_item(name: str) -> Callable[[Row, int, int], BenchmarkItem]:
 
 
 AIME_RANGE = (0, 999)
+#: AIME is published as avg@n: 15 validation problems sampled at temperature 0.6 once each move by 6.7
+#: points a problem; 8 runs each make the score an avg@8 whose within-problem noise is a third of one
+#: run's (the problems' own spread stays: its standard error is at most 0.5/sqrt(15) = 0.13).
+AIME_RUNS = 8
 #: lm-eval's AIME sources: Maxwell-Jia/AIME_2024 (ID, Problem, Solution, Answer), gneubig/aime-1983-2024
 #: (Question, Answer).
 AIME_ALIASES = {"problem": ("Problem", "Question"), "answer": ("Answer",), "id": ("ID",), "solution": ("Solution",)}
@@ -199,7 +203,7 @@ AIME24 = CatalogueEntry(
     subset_of=_fixed("aime24"), make_item=_aime_item("aime24"), expected_subsets=("aime24",),
     column_aliases=AIME_ALIASES, gold_reason=_aime_gold,
     descriptor=_descriptor(_AIME24_DESC, scorer="math", primary_metric="math_verify", prompt=MATH_PROMPT,
-                           max_gen_toks=32768, until=[], answer_range=list(AIME_RANGE)),
+                           max_gen_toks=32768, until=[], answer_range=list(AIME_RANGE), num_runs=AIME_RUNS),
 )
 _AIME25_DESC = ("AIME 2025 (math-ai/aime25, test): 30 problems, integer answers; math-verify, then an LLM for "
                 "the answers it marks wrong (the rule alone when no LLM is configured).")
@@ -210,7 +214,8 @@ AIME25 = CatalogueEntry(
     subset_of=_fixed("aime25"), make_item=_aime_item("aime25"), expected_subsets=("aime25",),
     column_aliases=AIME_ALIASES, gold_reason=_aime_gold,
     descriptor=_descriptor(_AIME25_DESC, scorer="math", primary_metric="math_cascade", prompt=MATH_PROMPT,
-                           max_gen_toks=32768, until=[], llm_cascade=True, answer_range=list(AIME_RANGE)),
+                           max_gen_toks=32768, until=[], llm_cascade=True, answer_range=list(AIME_RANGE),
+                           num_runs=AIME_RUNS),
 )
 
 # ------------------------------------------------------------------ MMLU

@@ -89,6 +89,12 @@ class BenchmarkInfo:
     subsets: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Set when the benchmark does not load: why (the other fields are then empty).
     error: str | None = None
+    #: The largest standard error of the validation score over its items: 0.5 / sqrt(items) (a score
+    #: of 0.5; runs cut the noise within an item, not the items' spread). A difference below about
+    #: twice it is noise.
+    validation_stderr_max: float | None = None
+    #: The protocols it can be scored under: validation always, reference for the catalogue's.
+    protocols: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -626,7 +632,12 @@ def list_benchmarks(assets_dir: Path, max_items: int) -> list[BenchmarkInfo]:
             v0, v1 = split_bounds(n, "validation", max_items)
             t0, t1 = split_bounds(n, "test", max_items)
             subsets[subset.name] = {"items": n, "validation": v1 - v0, "test": t1 - t0}
+        from evaluation.reference import REFERENCE
+
+        validation = sum(s["validation"] for s in subsets.values())
         infos.append(BenchmarkInfo(name=name, version=spec.version, scorer=spec.scorer_name,
                                    primary_metric=spec.primary_metric, source=spec.source, subsets=subsets,
-                                   num_runs=spec.num_runs))
+                                   num_runs=spec.num_runs,
+                                   validation_stderr_max=round(0.5 / validation ** 0.5, 4) if validation else None,
+                                   protocols=["validation", *(["reference"] if name in REFERENCE else [])]))
     return infos

@@ -72,21 +72,23 @@ def benchmarks_import(
         out.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
 
 
-COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "test", "source")
+COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "stderr<=", "test",
+           "protocols", "source")
 
 
 def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
     rows = []
     for info in infos:
         if info.error:
-            rows.append([info.name, "", "", "", "", "", "", "", "", f"error: {info.error}"])
+            rows.append([info.name, "", "", "", "", "", "", "", "", "", "", f"error: {info.error}"])
             continue
         subsets = info.subsets
         names = ", ".join(subsets) if wide or len(subsets) <= 3 else f"{len(subsets)} subsets"
         rows.append([info.name, str(info.version), info.scorer or "", info.primary_metric or "", str(info.num_runs),
                      names, str(sum(s["items"] for s in subsets.values())),
                      str(sum(s["validation"] for s in subsets.values())),
-                     str(sum(s["test"] for s in subsets.values())), info.source])
+                     f"{info.validation_stderr_max:.3f}" if info.validation_stderr_max is not None else "",
+                     str(sum(s["test"] for s in subsets.values())), ",".join(info.protocols), info.source])
     return rows
 
 
@@ -98,7 +100,8 @@ def benchmarks_ls(
     as_json: Annotated[bool, typer.Option(
         "--json", help="The same as -o json: one JSON array on stdout, an object per benchmark.")] = False,
 ) -> None:
-    """Each benchmark: version, scorer, primary metric, runs per item, items per subset and split sizes.
+    """Each benchmark: version, scorer, primary metric (of the validation protocol), runs per item, items per
+    subset, split sizes, the validation score's largest standard error (0.5/sqrt(items)), its protocols.
 
     Example: ftbus benchmarks ls -o plain"""
     settings = Settings()

@@ -49,7 +49,8 @@ from evaluation.reference import (
 from evaluation.registry import BenchmarkSpec, load_benchmark
 from shared.offline import OFFLINE_ENV
 
-pytestmark = pytest.mark.e2e
+# Three lm_eval processes (ftbus, lm-eval text, lm-eval code) start together: about 4-6 min on 2 busy cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "reference"
 CODE_EVAL = REPO / "tests" / "fixtures" / "code_eval"
