@@ -191,8 +191,11 @@ def test_the_program_run_is_the_one_lm_evals_code_eval_would_run(side_by_side: S
     for item, mine, lm in zip(items, side_by_side.ftbus_rows(benchmark), side_by_side.lm_eval_rows(benchmark),
                               strict=True):
         program = reference_program(benchmark, "plain", item, sample_response(mine))
+        candidate = lm["filtered_resps"]
+        while isinstance(candidate, list):  # humaneval's create_test filter logs [[program]]
+            candidate = candidate[0]
         # code_eval runs candidate + "\n" + test case: the filtered response and the task's target.
-        assert program.solution + "\n" + program.tests == lm["filtered_resps"][0] + "\n" + lm["target"]
+        assert program.solution + "\n" + program.tests == candidate + "\n" + lm["target"]
 
 
 # ------------------------------------------------------------------ planted answers
