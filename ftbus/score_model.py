@@ -119,7 +119,7 @@ def chat_for(settings: Settings, model: Path, chat: bool | None) -> bool:
 
 def score_model(settings: Settings, benchmark: str, model: str, *, protocol: str = "reference",
                 chat: bool | None = None, limit: int | None = None, workdir: Path | None = None,
-                max_gen_toks: int | None = None) -> ReferenceResult:
+                max_gen_toks: int | None = None, max_length: int | None = None) -> ReferenceResult:
     """Generate ``benchmark`` with ``model`` under ``protocol`` and score it (see the module's docstring)."""
     try:
         spec = load_benchmark(settings.assets, benchmark)
@@ -137,7 +137,7 @@ def score_model(settings: Settings, benchmark: str, model: str, *, protocol: str
         try:
             ref = reference_task(benchmark)
             run = run_reference([spec], run_dir, toolchain_bin=toolchain, pretrained=pretrained, peft=peft,
-                                chat=use_chat, limit=limit, max_gen_toks=max_gen_toks)
+                                chat=use_chat, limit=limit, max_gen_toks=max_gen_toks, max_length=max_length)
         except ReferenceError as exc:
             raise ModelScoreError(str(exc)) from None
         if run.returncode != 0:
