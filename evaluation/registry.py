@@ -17,6 +17,9 @@ is a descriptor that says what to compare and how (pain point 14)::
         source: "openai/gsm8k, main"    # optional: where the items came from
         llm_cascade: false              # math scorers: the rule, then an LLM for the items it marks wrong
         code_style: humaneval           # code scorer: how a program is built (humaneval | mbpp)
+        chat_prompt: "..."              # optional: the prompt for chat models (lm-eval's _instruct variant)
+        chat_gen_prefix: "..."          # optional: the start of the answer for chat models (lm-eval's gen_prefix)
+        answer_range: [0, 999]          # optional, math scorers: the answer must be an integer in this range
         num_runs: 1                     # samples per item (a request's num_runs wins); their mean is reported
     <assets>/benchmarks/<name>/<subset file>.jsonl
         {"id": "add-000", "question": "What is 1 + 2?", "answer": "3"}
@@ -50,6 +53,9 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 BenchmarkKind = Literal["generate_until", "multiple_choice"]
 ScorerName = Literal["exact", "loglik", "gsm8k", "math", "choice", "code", "numeric", "f1", "rouge_l", "llm"]
 CodeStyle = Literal["humaneval", "mbpp"]
+#: How a chat model's program is built where the benchmark has a chat variant (lm-eval's
+#: humaneval_instruct: the prompt, then the reply up to its closing fence).
+CHAT_CODE_STYLES: dict[str, str] = {"humaneval": "humaneval_instruct"}
 
 # The metrics each scorer reports, its primary metric first; the primary metric must be one of them.
 SCORER_METRICS: dict[str, tuple[str, ...]] = {
@@ -132,6 +138,12 @@ class BenchmarkSpec(_Model):
     source: str = ""
     llm_cascade: bool = False
     code_style: CodeStyle | None = None
+    #: The chat variant (lm-eval's ``_instruct`` task): the prompt a chat model is shown, and the
+    #: start of its answer (lm-eval's ``gen_prefix``, Jinja over the item's fields). None: the plain prompt.
+    chat_prompt: str | None = None
+    chat_gen_prefix: str | None = None
+    #: Math scorers: an answer counts only as an integer in [low, high] (AIME's 0-999).
+    answer_range: tuple[int, int] | None = None
     #: Samples per item (repeated runs); a request's ``num_runs`` wins. Meaningful with sampling.
     num_runs: int = Field(default=1, ge=1, le=MAX_RUNS)
     root: Path = Field(default=Path("."), exclude=True, description="The benchmark's folder (set by the loader).")
@@ -151,6 +163,9 @@ class BenchmarkSpec(_Model):
             raise ValueError("llm_cascade applies to the math scorer only")
         if self.primary_metric == "math_cascade" and not self.llm_cascade:
             raise ValueError("primary_metric math_cascade needs llm_cascade: true")
+        low_high = self.answer_range
+        if low_high is not None and (self.scorer_name != "math" or low_high[0] > low_high[1]):
+            raise ValueError("answer_range is [low, high] with low <= high, for the math scorer only")
         if self.scorer_name == "code" and self.code_style is None:
             raise ValueError("the code scorer needs code_style: humaneval or mbpp")
         names = [s.name for s in self.subsets]

@@ -136,18 +136,36 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 
 _BOXED = "\\boxed{"
+_BOXED_SPACE = "\\boxed "
 
 
 def last_boxed(text: str) -> str | None:
-    """The last ``\\boxed{...}`` in ``text`` (braces matched), or None (none, or cut off unclosed)."""
-    start = text.rfind(_BOXED)
+    """The last boxed answer of ``text``, as minerva finds it (lm-eval's ``last_boxed_only_string``),
+    written ``\\boxed{...}``; None when there is none (or it is cut off unclosed).
+
+    As minerva: ``\\boxed 5`` (a space, no braces) wins wherever it is, and runs to the next ``$``;
+    else the last ``\\boxed{...}`` (braces matched); else the last ``\\fbox{...}``."""
+    content = boxed_content(text)
+    return None if content is None else _BOXED + content + "}"
+
+
+def boxed_content(text: str) -> str | None:
+    """What the last box of ``text`` holds (see :func:`last_boxed`), or None."""
+    if _BOXED_SPACE in text:
+        return text.split(_BOXED_SPACE)[-1].split("$")[0]
+    start = text.rfind("\\boxed")
     if start < 0:
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
+    opened = text.find("{", start)
+    if opened < 0:
         return None
     depth = 0
-    for end in range(start + len(_BOXED) - 1, len(text)):
+    for end in range(opened, len(text)):
         depth += {"{": 1, "}": -1}.get(text[end], 0)
         if depth == 0:
-            return text[start:end + 1]
+            return text[opened + 1:end]
     return None
 
 
@@ -169,15 +187,26 @@ def math_parse(text: str) -> list[object]:
     return list(parse(text, extraction_config=_math_config(), parsing_timeout=_NO_TIMEOUT))
 
 
-def score_math(output: str, answer: str) -> dict[str, float]:
+def score_math(output: str, answer: str, answer_range: tuple[int, int] | None = None) -> dict[str, float]:
+    """``math_verify``; with ``answer_range`` (AIME's 0-999) the answer must also be written as an
+    integer in that range: "\\frac{10}{2}" equals 5, but it is no AIME answer."""
     from math_verify import verify
 
     gold = math_parse(answer)
     predicted = math_parse(output)
     if not gold or not predicted:
         return {"math_verify": 0.0}
+    if answer_range is not None and not in_integer_range(str(predicted[-1]), answer_range):
+        return {"math_verify": 0.0}
     # verify is not symmetric: the gold comes first.
     return {"math_verify": float(verify(gold, predicted, timeout_seconds=_NO_TIMEOUT))}
+
+
+def in_integer_range(answer: str, answer_range: tuple[int, int]) -> bool:
+    """Whether ``answer`` (an extracted final answer) is written as an integer within the range."""
+    text = answer.strip().strip("$").strip()
+    low, high = answer_range
+    return re.fullmatch(r"[0-9]+", text) is not None and low <= int(text) <= high
 
 
 def math_extracted(output: str) -> str | None:
@@ -358,13 +387,15 @@ def _refuse(scorer: str) -> ValueError:
     )
 
 
-def score_text(scorer: str, item: BenchmarkItem, output: str) -> dict[str, float]:
-    """The scorer's metrics for one generated ``output`` (its ``<think>`` blocks removed first)."""
+def score_text(scorer: str, item: BenchmarkItem, output: str, *,
+               answer_range: tuple[int, int] | None = None) -> dict[str, float]:
+    """The scorer's metrics for one generated ``output`` (its ``<think>`` blocks removed first);
+    ``answer_range``: the math scorer's integer range (the benchmark's, AIME's 0-999)."""
     answer = strip_think(output)
     if scorer == "gsm8k":
         return score_gsm8k(answer, item.answer)
     if scorer == "math":
-        return score_math(answer, item.answer)
+        return score_math(answer, item.answer, answer_range)
     if scorer == "choice":
         return score_choice(answer, item)
     if scorer == "numeric":

@@ -270,7 +270,8 @@ class WarmEngine:
                 "splits": [s.label for s in pending],
             })
             for i, split in enumerate(pending):
-                run = await self._split(resident, spec, split, n, i, workdir, timeout_s, on_split, inference)
+                run = await self._split(resident, spec, split, n, i, workdir, timeout_s, on_split, inference,
+                                        chat=chat_template_for(model, inference))
                 sent = i + 1
                 runs[split.label] = run
                 if self._resident is None:  # killed (timeout) or dead: the rest go to a fresh engine
@@ -290,14 +291,14 @@ class WarmEngine:
 
     async def _split(
         self, resident: Resident, spec: BenchmarkSpec, split: WarmSplit, n: int, i: int, workdir: Path,
-        timeout_s: float, on_split: OnSplit | None, inference: InferenceConfig | None,
+        timeout_s: float, on_split: OnSplit | None, inference: InferenceConfig | None, *, chat: bool = False,
     ) -> WarmRun:
         exposed = self.exchange / f"run-{n}-{i}"
         dest = workdir / f"bench-{split.label}"
         try:
             def expose() -> list[str]:
                 data_files = write_split_data(spec, split.manifest, exposed / "data")
-                tasks = write_task_configs(spec, data_files, exposed / "tasks", inference)
+                tasks = write_task_configs(spec, data_files, exposed / "tasks", inference, chat=chat)
                 resident.hand_over(exposed)
                 return tasks
 

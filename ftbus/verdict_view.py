@@ -29,7 +29,8 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
     result = verdict.result
     if result.benchmark and result.benchmark.accuracy_summary:
         lines.append("")
-        lines.append("[bold]validation[/]: " + _scores(result.benchmark.accuracy_summary))
+        lines.append(f"[bold]validation[/] (protocol {result.benchmark.protocol}): "
+                     + _scores(result.benchmark.accuracy_summary))
     if result.baseline:
         b = result.baseline
         diff = f"{b.difference:+.4f}" if b.difference is not None else "n/a"
@@ -58,7 +59,8 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
         lines.append(f"[bold]sandbox[/]: {verdict.sandbox}{warn}")
     if isinstance(verdict, Report):
         if verdict.benchmark_test:
-            lines.append("[bold]test (hidden)[/]: " + _scores(verdict.benchmark_test.accuracy_summary))
+            lines.append(f"[bold]test (hidden)[/] (protocol {verdict.benchmark_test.protocol}): "
+                         + _scores(verdict.benchmark_test.accuracy_summary))
         elif verdict.benchmark_test_error:
             lines.append(f"[bold]test (hidden)[/]: {escape(verdict.benchmark_test_error)}")
     if not console.is_terminal:

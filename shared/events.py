@@ -337,6 +337,9 @@ class BenchmarkScores(Model):
     overall: RunStats | None = None
     #: The seed the generation ran with (lm-eval's random, numpy and torch seeds).
     seed: int | None = None
+    #: Which protocol produced these numbers (docs/benchmarks.md): ``validation`` (the pipeline's split,
+    #: zero-shot, the model's own sampling) or ``reference`` (lm-eval's own task, its full test split).
+    protocol: str = "validation"
 
     def item_means(self) -> dict[str, float]:
         """Each item's mean over its runs, keyed ``<subset>/<item id>``: what a paired comparison pairs."""

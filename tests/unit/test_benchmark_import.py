@@ -38,16 +38,20 @@ def test_gsm8k_from_a_hub_snapshot_folder(tmp_path: Path) -> None:
     report = import_benchmark(tmp_path / "assets", "gsm8k", snapshot)
     assert report.subsets == {"main": 6} and report.version == 1
     spec = load_benchmark(tmp_path / "assets", "gsm8k")
-    assert (spec.scorer_name, spec.primary_metric) == ("gsm8k", "strict_match")
+    # Zero-shot, a base model rarely writes "#### N": the decision metric is flexible-extract.
+    assert (spec.scorer_name, spec.primary_metric) == ("gsm8k", "flexible_match")
     assert spec.items("main")[3].answer.endswith("#### 5")
     assert "test-00000-of-00001.parquet" in spec.source and "train-" not in spec.source
+    # The train split is the reference protocol's few-shot pool, as lm-eval draws from it: kept apart.
+    fewshot = (tmp_path / "assets" / "benchmarks" / "gsm8k" / "fewshot" / "main.jsonl").read_text().splitlines()
+    assert len(fewshot) == 2 and not report.notes
 
 
 def test_math_mmlu_aime_mbpp_in_their_schemas(tmp_path: Path) -> None:
     assets = tmp_path / "assets"
     math = [{"problem": "What is 1/2 + 0?", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 1",
              "type": t} for t in ("Algebra", "Number Theory") for _ in range(2)]
-    import_benchmark(assets, "math", _jsonl(tmp_path / "math.jsonl", math))
+    import_benchmark(assets, "math", _jsonl(tmp_path / "math.jsonl", math), split="test")
     assert {s.name for s in load_benchmark(assets, "math").subsets} == {"algebra", "number_theory"}
 
     mmlu = [{"question": f"Q{i}", "subject": subject, "choices": ["w", "x", "y", "z"], "answer": i % 4}
@@ -59,13 +63,13 @@ def test_math_mmlu_aime_mbpp_in_their_schemas(tmp_path: Path) -> None:
     assert item.answer == "y" and item.question.endswith("C. y\nD. z\nAnswer:")
 
     aime = [{"problem": f"Find {i}.", "answer": str(100 + i), "id": i} for i in range(4)]
-    import_benchmark(assets, "aime25", _jsonl(tmp_path / "aime25.jsonl", aime))
+    import_benchmark(assets, "aime25", _jsonl(tmp_path / "aime25.jsonl", aime), split="test")
     spec = load_benchmark(assets, "aime25")
     assert spec.llm_cascade and spec.primary_metric == "math_cascade"
 
     mbpp = [{"task_id": 11 + i, "text": "Return the sum.", "code": "def f(a, b):\n    return a + b",
              "test_list": ["assert f(1, 2) == 3", "assert f(0, 0) == 0"], "test_setup_code": ""} for i in range(2)]
-    import_benchmark(assets, "mbpp", _jsonl(tmp_path / "mbpp.jsonl", mbpp))
+    import_benchmark(assets, "mbpp", _jsonl(tmp_path / "mbpp.jsonl", mbpp), split="test")
     item = load_benchmark(assets, "mbpp").items("mbpp")[0]
     assert item.id == "mbpp-11" and item.test == "assert f(1, 2) == 3\nassert f(0, 0) == 0"
     assert "Your code should pass these tests" in item.question
@@ -85,7 +89,7 @@ def test_humaneval_comes_with_the_package(tmp_path: Path) -> None:
 def test_bad_files_are_refused_naming_file_and_row(tmp_path: Path, rows: list[dict], message: str) -> None:
     path = _jsonl(tmp_path / "bad.jsonl", rows)
     with pytest.raises(BenchmarkImportError, match=r"bad\.jsonl") as caught:
-        import_benchmark(tmp_path / "assets", "gsm8k", path)
+        import_benchmark(tmp_path / "assets", "gsm8k", path, split="test")
     assert message in str(caught.value)
     assert not (tmp_path / "assets" / "benchmarks" / "gsm8k").exists()
 
@@ -94,16 +98,16 @@ def test_an_empty_split_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_text("")
     with pytest.raises(BenchmarkImportError, match="empty"):
-        import_benchmark(tmp_path / "assets", "gsm8k", path)
+        import_benchmark(tmp_path / "assets", "gsm8k", path, split="test")
 
 
 def test_version_goes_up_only_when_the_items_change(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "g.jsonl", GSM8K)
-    assert import_benchmark(tmp_path / "assets", "gsm8k", path).version == 1
-    again = import_benchmark(tmp_path / "assets", "gsm8k", path)
+    assert import_benchmark(tmp_path / "assets", "gsm8k", path, split="test").version == 1
+    again = import_benchmark(tmp_path / "assets", "gsm8k", path, split="test")
     assert (again.version, again.changed) == (1, False)
     _jsonl(tmp_path / "g.jsonl", GSM8K[:4])
-    assert import_benchmark(tmp_path / "assets", "gsm8k", path).version == 2
+    assert import_benchmark(tmp_path / "assets", "gsm8k", path, split="test").version == 2
 
 
 def test_cli_import_and_ls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +115,7 @@ def test_cli_import_and_ls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("FTBUS_ASSETS_DIR", str(tmp_path / "assets"))
     runner = CliRunner()
     done = runner.invoke(app, ["benchmarks", "import", "gsm8k", "--from", str(_jsonl(tmp_path / "g.jsonl", GSM8K)),
-                               "--json"])
+                               "--split", "test", "--json"])
     assert done.exit_code == 0, done.output
     assert json.loads(done.stdout)["subsets"] == {"main": 6}
     listed = runner.invoke(app, ["benchmarks", "ls", "--json"])
@@ -166,7 +170,7 @@ def test_math_by_type_folders_aime24_train_split_and_mbpp_parquet(tmp_path: Path
     assert spec.prompt.startswith("Problem:\n{{question}}") and spec.generation.max_gen_toks == 2048
 
     untyped = [{"problem": "1+1?", "solution": "$\\boxed{2}$"}] * 2
-    import_benchmark(assets, "math", _jsonl(tmp_path / "untyped.jsonl", untyped))
+    import_benchmark(assets, "math", _jsonl(tmp_path / "untyped.jsonl", untyped), split="test")
     assert [s.name for s in load_benchmark(assets, "math").subsets] == ["math"]
 
     aime = tmp_path / "aime_2024"
@@ -188,7 +192,7 @@ def test_math_by_type_folders_aime24_train_split_and_mbpp_parquet(tmp_path: Path
              [{"task_id": 1, "prompt": "p", "code": "c", "test_list": ["assert True"]}])
     import_benchmark(assets, "mbpp", tmp_path / "mbpp")
     spec = load_benchmark(assets, "mbpp")
-    assert (spec.scorer_name, spec.code_style, spec.generation.until) == ("code", "mbpp", ["[DONE]", "\n\n\n"])
+    assert (spec.scorer_name, spec.code_style, spec.generation.until) == ("code", "mbpp", ["[DONE]"])
     first = spec.items("mbpp")[0]
     assert first.id == "mbpp-601" and first.test == "import math\nassert s([2, 1]) == [1, 2]"
     assert first.question == ("You are an expert Python programmer, and here is your task: Sort it. "
@@ -212,7 +216,7 @@ def test_every_humaneval_item_has_its_tests_and_entry_point(tmp_path: Path) -> N
 def test_a_missing_column_names_the_file_and_the_columns_found(tmp_path: Path) -> None:
     path = _parquet(tmp_path / "mmlu.parquet", [{"question": "q", "choices": ["a", "b", "c", "d"], "answer": 0}])
     with pytest.raises(BenchmarkImportError) as caught:
-        import_benchmark(tmp_path / "assets", "mmlu", path)
+        import_benchmark(tmp_path / "assets", "mmlu", path, split="test")
     message = str(caught.value)
     assert str(path) in message and "missing column(s) subject" in message
     assert "found: question, choices, answer" in message
@@ -237,7 +241,7 @@ def test_bad_rows_are_refused_with_their_file_and_row(tmp_path: Path, name: str,
         good = good | {"answer": "B"}  # one JSON column, one type
     path = _jsonl(tmp_path / "shard.jsonl", [good, row])
     with pytest.raises(BenchmarkImportError) as caught:
-        import_benchmark(tmp_path / "assets", name, path)
+        import_benchmark(tmp_path / "assets", name, path, split="test")
     assert f"{path}, row 1" in str(caught.value) and message in str(caught.value)
 
 
@@ -252,9 +256,10 @@ def test_a_bad_row_in_the_second_shard_names_that_shard(tmp_path: Path) -> None:
 
 def test_a_refused_import_leaves_the_installed_benchmark_alone(tmp_path: Path) -> None:
     assets = tmp_path / "assets"
-    import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "good.jsonl", GSM8K))
+    import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "good.jsonl", GSM8K), split="test")
     with pytest.raises(BenchmarkImportError):
-        import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "?"}]))
+        import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "?"}]),
+                         split="test")
     spec = load_benchmark(assets, "gsm8k")
     assert len(spec.items("main")) == 6 and spec.version == 1
     assert sorted(p.name for p in (assets / "benchmarks").iterdir()) == ["gsm8k"]  # no staging left behind
@@ -263,7 +268,7 @@ def test_a_refused_import_leaves_the_installed_benchmark_alone(tmp_path: Path) -
 def test_unreadable_files_say_why(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "mixed.jsonl", [{"question": "q", "answer": 3}, {"question": "q", "answer": "#### 3"}])
     with pytest.raises(BenchmarkImportError, match=r"mixed\.jsonl: not readable as json: .*changed from number to str"):
-        import_benchmark(tmp_path / "assets", "gsm8k", path)
+        import_benchmark(tmp_path / "assets", "gsm8k", path, split="test")
 
 
 def test_folders_without_the_split_and_empty_parquet_are_refused(tmp_path: Path) -> None:
@@ -273,7 +278,7 @@ def test_folders_without_the_split_and_empty_parquet_are_refused(tmp_path: Path)
     empty = tmp_path / "empty.parquet"
     pq.write_table(pa.table({"question": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), empty)
     with pytest.raises(BenchmarkImportError, match=r"empty\.parquet: the split is empty"):
-        import_benchmark(tmp_path / "assets", "gsm8k", empty)
+        import_benchmark(tmp_path / "assets", "gsm8k", empty, split="test")
     with pytest.raises(BenchmarkImportError, match="no such file or folder"):
         import_benchmark(tmp_path / "assets", "gsm8k", tmp_path / "nowhere")
 
@@ -306,22 +311,23 @@ def test_no_source_and_no_hub_cache_says_how_to_get_one(tmp_path: Path, monkeypa
 
 def test_version_follows_items_and_scoring_not_the_source_path(tmp_path: Path) -> None:
     assets = tmp_path / "assets"
-    first = import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "a.jsonl", GSM8K))
-    moved = import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "elsewhere" / "b.jsonl", GSM8K))
+    first = import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "a.jsonl", GSM8K), split="test")
+    moved = import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "elsewhere" / "b.jsonl", GSM8K), split="test")
     assert (first.version, moved.version, moved.changed, moved.previous_version) == (1, 1, False, 1)
     assert "elsewhere" in load_benchmark(assets, "gsm8k").source
     # A hand-edited prompt is a change too: the scores would not mean the same.
     descriptor = assets / "benchmarks" / "gsm8k" / "benchmark.yaml"
     descriptor.write_text(descriptor.read_text().replace("Question: ", "Q: "))
-    assert import_benchmark(assets, "gsm8k", tmp_path / "a.jsonl").version == 2
+    assert import_benchmark(assets, "gsm8k", tmp_path / "a.jsonl", split="test").version == 2
     changed = [dict(GSM8K[0], question="Another question?"), *GSM8K[1:]]
-    assert import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "a.jsonl", changed)).version == 3
+    assert import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "a.jsonl", changed), split="test").version == 3
     mode = (assets / "benchmarks" / "gsm8k" / "main.jsonl").stat().st_mode & 0o777
     assert mode == 0o644 and (assets / "benchmarks" / "gsm8k").stat().st_mode & 0o777 == 0o755
 
 
 def test_max_rows_imports_the_first_rows_and_says_so(tmp_path: Path) -> None:
-    report = import_benchmark(tmp_path / "assets", "gsm8k", _jsonl(tmp_path / "g.jsonl", GSM8K), max_rows=4)
+    report = import_benchmark(tmp_path / "assets", "gsm8k", _jsonl(tmp_path / "g.jsonl", GSM8K), max_rows=4,
+                              split="test")
     assert report.subsets == {"main": 4} and "only the first 4 of 6 rows" in report.notes[0]
 
 
@@ -331,7 +337,7 @@ def test_ls_lists_split_sizes_and_broken_benchmarks(tmp_path: Path, monkeypatch:
     assets = tmp_path / "assets"
     mmlu = [{"question": f"Q{i}", "subject": s, "choices": ["w", "x", "y", "z"], "answer": i % 4}
             for s, n in (("anatomy", 7), ("virology", 250)) for i in range(n)]
-    import_benchmark(assets, "mmlu", _parquet(tmp_path / "mmlu.parquet", mmlu))
+    import_benchmark(assets, "mmlu", _parquet(tmp_path / "mmlu.parquet", mmlu), split="test")
     broken = assets / "benchmarks" / "mine"
     broken.mkdir()
     (broken / "benchmark.yaml").write_text("name: mine\nkind: generate_until\n")
@@ -362,3 +368,48 @@ def test_humaneval_from_the_hub_parquet_equals_the_package(tmp_path: Path) -> No
     _parquet(snapshot / "openai_humaneval" / "test-00000-of-00001.parquet", rows)
     again = import_benchmark(assets, "humaneval", snapshot)
     assert (again.version, again.changed) == (first.version, False) and again.subsets == {"humaneval": 164}
+
+
+# ------------------------------------------------------------------ which split a file holds; other sources' columns
+
+
+def test_a_file_whose_split_cannot_be_told_or_is_another_is_refused_saying_what_to_pass(tmp_path: Path) -> None:
+    assets = tmp_path / "assets"
+    plain = _jsonl(tmp_path / "gsm8k.jsonl", GSM8K)
+    with pytest.raises(BenchmarkImportError, match="cannot tell which split this file holds") as caught:
+        import_benchmark(assets, "gsm8k", plain)
+    assert "pass --split test" in str(caught.value)
+    train = _jsonl(tmp_path / "train.jsonl", GSM8K)
+    with pytest.raises(BenchmarkImportError, match="its name says it holds the train split") as caught:
+        import_benchmark(assets, "gsm8k", train)
+    assert "made of the test split of openai/gsm8k" in str(caught.value)
+    with pytest.raises(BenchmarkImportError, match="--split train: gsm8k is made of the test split"):
+        import_benchmark(assets, "gsm8k", plain, split="train")
+    with pytest.raises(BenchmarkImportError, match="its name says it holds the train split"):
+        import_benchmark(assets, "gsm8k", train, split="test")  # the name and the flag disagree
+    assert not (assets / "benchmarks" / "gsm8k").exists()
+    # A folder of unnamed files is refused the same way, and read when the user says what it is.
+    _jsonl(tmp_path / "dump" / "rows.jsonl", GSM8K)
+    with pytest.raises(BenchmarkImportError, match="cannot tell which split its files hold"):
+        import_benchmark(assets, "gsm8k", tmp_path / "dump")
+    assert import_benchmark(assets, "gsm8k", tmp_path / "dump", split="test").subsets == {"main": 6}
+    # Named files need no flag; the few-shot pool comes from a file of its own, and without it a note says so.
+    report = import_benchmark(assets, "gsm8k", _jsonl(tmp_path / "test.jsonl", GSM8K))
+    assert any("the reference protocol" in note and "cannot run" in note for note in report.notes)
+    report = import_benchmark(assets, "gsm8k", tmp_path / "test.jsonl", fewshot_source=train)
+    assert not report.notes and (assets / "benchmarks" / "gsm8k" / "fewshot" / "main.jsonl").is_file()
+
+
+def test_aime_from_lm_evals_own_source_columns_and_its_range(tmp_path: Path) -> None:
+    """lm-eval's aime24 reads Maxwell-Jia/AIME_2024 (ID, Problem, Solution, Answer as an int)."""
+    assets = tmp_path / "assets"
+    rows = [{"ID": f"2024-I-{i}", "Problem": f"Find {i}.", "Solution": "...", "Answer": 100 + i} for i in range(4)]
+    report = import_benchmark(assets, "aime24", _parquet(tmp_path / "aime" / "train-00000-of-00001.parquet", rows))
+    assert report.subsets == {"aime24": 4}
+    spec = load_benchmark(assets, "aime24")
+    item = spec.items("aime24")[1]
+    assert (item.id, item.question, item.answer) == ("aime24-2024-I-1", "Find 1.", "101")
+    assert spec.answer_range == (0, 999)
+    bad = [dict(rows[0], Answer=1000)]
+    with pytest.raises(BenchmarkImportError, match="an AIME answer is an integer from 0 to 999"):
+        import_benchmark(assets, "aime24", _jsonl(tmp_path / "train.jsonl", bad))

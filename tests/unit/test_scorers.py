@@ -186,3 +186,27 @@ def test_check_gold() -> None:
     assert check_gold("choice", item("Paris", choices=["Paris", "Rome"])) is None
     assert check_gold("f1", item("  ")) == "the gold answer is empty"
     assert check_gold("exact", item("anything")) is None  # lm-eval's: nothing to check here
+
+
+def test_boxed_variants_are_found_as_minerva_finds_them() -> None:
+    from evaluation.scorers import boxed_content, last_boxed
+
+    assert boxed_content(r"so the answer is $\boxed 5$.") == "5"
+    assert last_boxed(r"so the answer is $\boxed 5$.") == r"\boxed{5}"
+    assert boxed_content(r"\fbox{12} is it") == "12"
+    assert boxed_content(r"\boxed{\frac{1}{2}} then \fbox{3}") == r"\frac{1}{2}"  # \boxed before \fbox, as minerva
+    assert boxed_content(r"\boxed{5") is None
+    assert score_text("math", item("5"), r"The answer is $\boxed 5$.") == {"math_verify": 1.0}
+    assert score_text("math", item("12"), r"Hence \fbox{12}.") == {"math_verify": 1.0}
+    assert score_text("math", item("12"), r"Hence \fbox{13}.") == {"math_verify": 0.0}
+
+
+def test_aime_answers_count_only_as_integers_from_0_to_999() -> None:
+    aime = (0, 999)
+    assert score_text("math", item("5"), r"\boxed{5}", answer_range=aime) == {"math_verify": 1.0}
+    assert score_text("math", item("5"), r"\boxed{005}", answer_range=aime) == {"math_verify": 1.0}
+    # Equal to 5, but no AIME answer: math-verify alone would count them.
+    assert score_text("math", item("5"), r"\boxed{\frac{10}{2}}") == {"math_verify": 1.0}
+    assert score_text("math", item("5"), r"\boxed{\frac{10}{2}}", answer_range=aime) == {"math_verify": 0.0}
+    assert score_text("math", item("5"), r"\boxed{5.0}", answer_range=aime) == {"math_verify": 0.0}
+    assert score_text("math", item("1000"), r"\boxed{1000}", answer_range=aime) == {"math_verify": 0.0}
