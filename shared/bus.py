@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import nats
@@ -474,17 +474,6 @@ class Bus:
         # The server treats a create with an existing durable name as create-or-update of the
         # editable fields (ack_wait, max_deliver, filters), so every worker may call this.
         await self.js.add_consumer(stream, config)
-
-    async def consume(
-        self, stream: str, durable: str, filters: Sequence[str], on_message: Callable[[Any, Any], Awaitable[None]],
-        stop: asyncio.Event, *, concurrency: int = 1, device_slots: int | None = None, what: str = "",
-    ) -> None:
-        """Hand ``durable``'s messages to ``on_message(msg, slot)`` until ``stop`` (shared/consumer.py).
-        A method of the bus so that tests can run a worker on the in-memory bus (tests/memory_bus.py)."""
-        from shared.consumer import consume
-
-        await consume(self, stream, durable, filters, on_message, stop, concurrency=concurrency,
-                      device_slots=device_slots, what=what)
 
     # ------------------------------------------------------------------ publishing
 

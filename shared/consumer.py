@@ -1,25 +1,24 @@
-"""The pull consumer: every worker of ftbus fetches its messages here.
+"""The pull consumer loop: every worker of ftbus fetches its messages here.
 
-Stage workers (``shared/runtime.py``) and the aggregator's advisory reader both run
-:func:`consume` on one durable consumer, handing each message to ``on_message``, up to
-``concurrency`` at a time. An empty fetch is normal; a lost connection or a failed fetch waits a
+Stage workers (``shared/runtime.py``) and the aggregator's advisory reader run :func:`consume` on
+one durable consumer, handing each message to ``on_message``, up to ``concurrency`` at a time. One
+loop, one fetch at a time: it waits for a free handler (and, with ``device_slots``, a free device
+slot), asks the server for as many messages as it has free handlers (one per free slot on a device
+stage), and starts a task per message. nats-py's fetch returns what is there as soon as one has
+come, so a batch never waits to be full; an idle worker keeps one pull waiting at the server,
+renewed every ``FETCH_WAIT_S``. An empty fetch is normal; a lost connection or a failed fetch waits a
 second and tries again. On ``stop`` the handlers are cancelled: a message whose handling was
 cancelled is the handler's to nak (so another worker takes it over at once).
 
-Without device slots (the light stages, the aggregator), one fetch at a time serves every free
-handler. It asks for one message while none is known to be waiting (it gets it the moment it
-comes), and for as many as are waiting behind the last one it got (each message says how many),
-up to the free handlers, once a backlog builds (a burst): a pull request per batch, not per
-message. An idle worker keeps one pull waiting at the server, renewed every 2 s, not one per
-handler (bench/precheck_burst.py). Asking for a batch while none waits would cost each message
-a wait for the server's end-of-batch status (0.2-0.4 ms a hop: bench/overhead.py).
+``device_slots``: a message holds one of them from before its fetch until its handler says the
+device work is over (:meth:`Slot.release`, e.g. once the training process has exited) or the
+message is done. A GPU stage runs two handlers per slot: the next message is fetched as soon as the
+GPU is free, while the last one still uploads its outputs, and never while the GPU is busy (a
+message fetched then would wait here for a whole training while another worker could be idle).
 
-``device_slots``: ``concurrency`` loops, each fetching one message at a time; a loop takes a slot
-before it fetches, and gives it back when its message says the device work is over
-(:meth:`Slot.release`, e.g. once the training process has exited) or when the message is done. A
-GPU stage runs two loops per slot: the next message is fetched as soon as the GPU is free, while
-the last one still uploads its outputs, and never while the GPU is busy (a message fetched then
-would wait here for a whole training while another worker could be idle).
+The worker sees only the public API of nats-py's pull subscription (``fetch``, ``unsubscribe``) and
+of its messages (``nak``): the in-memory bus of the unit tests fakes those, as a server would serve
+them (tests/memory_bus.py), and tests/integration/test_bus_contract.py runs one scenario on both.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nats
 from nats.aio.msg import Msg
@@ -36,17 +35,16 @@ from shared.logs import get_logger
 from shared.retry import retry_transient
 from shared.tasks import cancel_until_done
 
-if TYPE_CHECKING:
-    from shared.bus import Bus
-
 log = get_logger("ftbus.consumer")
 
 #: How long a fetch waits for a first message before it asks again (an idle worker's pull renewal).
 FETCH_WAIT_S = 2.0
+#: A message whose handling failed on a bus error (not the handler's verdict) comes back after this.
+ERROR_NAK_S = 2.0
 
 
 class Slot:
-    """One loop's hold on a device slot for one message; releasing twice is harmless."""
+    """One message's hold on a device slot; releasing twice is harmless."""
 
     def __init__(self, gate: asyncio.Semaphore | None) -> None:
         self._gate = gate
@@ -61,7 +59,7 @@ OnMessage = Callable[[Msg, Slot], Awaitable[None]]
 
 
 async def consume(
-    bus: Bus,
+    bus: Any,
     stream: str,
     durable: str,
     filters: Sequence[str],
@@ -72,90 +70,70 @@ async def consume(
     device_slots: int | None = None,
     what: str = "",
 ) -> None:
-    """Run ``concurrency`` fetch loops on ``durable`` until ``stop`` is set (or a loop fails); with
-    ``device_slots``, a loop fetches only while it holds one of them."""
+    """Hand ``durable``'s messages to ``on_message(msg, slot)``, up to ``concurrency`` at once (with
+    ``device_slots``, each fetched only while it holds one of them), until ``stop`` is set or the
+    loop fails. ``bus``: a :class:`shared.bus.Bus` (its ``ensure_consumer`` and ``js``)."""
     # A cluster electing leaders answers slowly for a few seconds: no reason for a worker to exit.
     await retry_transient(lambda: bus.ensure_consumer(stream, durable, list(filters)), durable)
-    if device_slots:
-        gate = asyncio.Semaphore(device_slots)
-        loops = [asyncio.create_task(_loop(bus, stream, durable, on_message, stop, what, gate))
-                 for _ in range(concurrency)]
-    else:
-        loops = [asyncio.create_task(_batches(bus, stream, durable, on_message, stop, what, concurrency))]
+    psub = await bus.js.pull_subscribe_bind(durable, stream)
+    fetching = asyncio.create_task(_fetch_loop(psub, on_message, stop, max(1, concurrency), device_slots,
+                                               durable, what))
     stopping = asyncio.create_task(stop.wait())
     try:
-        done, _ = await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not stopping and task.exception():
-                raise task.exception()  # type: ignore[misc]
+        await asyncio.wait([fetching, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if fetching.done():
+            fetching.result()  # raise what ended it
     finally:
         stopping.cancel()
-        await cancel_until_done(loops)
-
-
-async def _loop(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop: asyncio.Event, what: str,
-                gate: asyncio.Semaphore | None) -> None:
-    psub = await bus.js.pull_subscribe_bind(durable, stream)
-    try:
-        while not stop.is_set():
-            if gate is not None:
-                await gate.acquire()
-            slot = Slot(gate)
-            try:
-                await _fetch_and_handle(psub, slot, on_message, durable, what)
-            finally:
-                slot.release()
-    finally:
+        await cancel_until_done([fetching])
         with contextlib.suppress(Exception):
             await psub.unsubscribe()
 
 
-async def _batches(bus: Bus, stream: str, durable: str, on_message: OnMessage, stop: asyncio.Event, what: str,
-                   concurrency: int) -> None:
-    """One fetch at a time, for one message, or for the backlog up to the free handlers; a task per
-    message."""
-    psub = await bus.js.pull_subscribe_bind(durable, stream)
+async def _fetch_loop(psub: Any, on_message: OnMessage, stop: asyncio.Event, concurrency: int,
+                      device_slots: int | None, durable: str, what: str) -> None:
     free = asyncio.Semaphore(concurrency)
+    gate = asyncio.Semaphore(device_slots) if device_slots else None
     handling: set[asyncio.Task[None]] = set()
-    waiting = 0  # messages the server said were waiting behind the last one fetched
 
-    def done(task: asyncio.Task[None]) -> None:
-        handling.discard(task)
-        free.release()
+    async def handle(msg: Msg, slot: Slot) -> None:
+        try:
+            await on_message(msg, slot)
+        except Exception:
+            # A bus error before or after the handler (a KV read while a node fails over):
+            # the message comes back after a pause, and the worker stays up.
+            log.exception("message not processed, it will be redelivered", consumer=durable, stage=what)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=ERROR_NAK_S)
+        finally:
+            slot.release()
+            free.release()
 
     try:
         while not stop.is_set():
             await free.acquire()
             wanted = 1
-            while wanted < waiting and not free.locked():  # more free handlers, without waiting
-                await free.acquire()
-                wanted += 1
+            if gate is not None:
+                await gate.acquire()
+            else:
+                while not free.locked():  # every free handler, without waiting for one
+                    await free.acquire()
+                    wanted += 1
             msgs = await _fetch(psub, wanted, durable, what)
-            waiting = _waiting_behind(msgs[-1]) if msgs else 0
             for _ in range(wanted - len(msgs)):
                 free.release()
+            if gate is not None and not msgs:
+                gate.release()
             for msg in msgs:
-                task = asyncio.create_task(_handle(msg, Slot(None), on_message, durable, what))
+                task = asyncio.create_task(handle(msg, Slot(gate)))
                 handling.add(task)
-                task.add_done_callback(done)
+                task.add_done_callback(handling.discard)
     finally:
         await cancel_until_done(list(handling))
-        with contextlib.suppress(Exception):
-            await psub.unsubscribe()
-
-
-def _waiting_behind(msg: Msg) -> int:
-    """How many messages the consumer still had waiting when the server sent ``msg``."""
-    try:
-        return int(msg.metadata.num_pending)
-    except Exception:  # not a JetStream delivery: no count to go by
-        return 0
 
 
 async def _fetch(psub: Any, batch: int, durable: str, what: str) -> list[Msg]:
-    """Up to ``batch`` messages: those waiting now, or the first to come within FETCH_WAIT_S (else none).
-    nats-py's fetch asks the server for what is there without lingering once one has come, so a
-    batch never waits to be full (bench/precheck_burst.py; tests/integration/test_consumer.py)."""
+    """Up to ``batch`` messages: those waiting now, or the first to come within FETCH_WAIT_S (else none)."""
     try:
         return list(await psub.fetch(batch, timeout=FETCH_WAIT_S))
     except nats.errors.TimeoutError:
@@ -167,19 +145,3 @@ async def _fetch(psub: Any, batch: int, durable: str, what: str) -> list[Msg]:
         log.warning("fetch failed", consumer=durable, stage=what, error=str(exc))
         await asyncio.sleep(1)
         return []
-
-
-async def _fetch_and_handle(psub: Any, slot: Slot, on_message: OnMessage, durable: str, what: str) -> None:
-    for msg in await _fetch(psub, 1, durable, what):
-        await _handle(msg, slot, on_message, durable, what)
-
-
-async def _handle(msg: Msg, slot: Slot, on_message: OnMessage, durable: str, what: str) -> None:
-    try:
-        await on_message(msg, slot)
-    except Exception:
-        # A bus error before or after the handler (a KV read while a node fails over):
-        # the message comes back after a pause, and the worker stays up.
-        log.exception("message not processed, it will be redelivered", consumer=durable, stage=what)
-        with contextlib.suppress(Exception):
-            await msg.nak(delay=2)

@@ -41,7 +41,7 @@ from runners.base import Runner
 from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
-from shared.consumer import Slot
+from shared.consumer import Slot, consume
 from shared.events import CancelRequested, DeadLetter, Progress, Stage, StageRun
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
@@ -359,8 +359,8 @@ class StageWorker:
         try:
             # On stop, do not finish a training that may take hours: the loops are cancelled (the
             # runner kills its process tree) and the message naked, so another worker takes it.
-            await self.bus.consume(self.stream, self.durable, self.filters, self._process, stop,
-                                   concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage)
+            await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
+                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage)
         finally:
             for policy in self.policies:
                 await policy.stop()

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.errors import MsgAlreadyAckdError
 from nats.js.api import PubAck
@@ -43,8 +44,8 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from pydantic import BaseModel
 
 from shared import codec
+from shared import consumer as consumer_loop
 from shared.artifacts import FilesystemArtifacts
-from shared.consumer import Slot
 from shared.events import Stage
 from shared.logs import get_logger
 from shared.settings import Settings
@@ -256,6 +257,13 @@ class MemoryMsg:
 
     async def nak(self, delay: float | None = None) -> None:
         self._settle()
+        bus = self._consumer.bus
+        if delay == consumer_loop.ERROR_NAK_S:
+            # The consumer loop's answer to an error around a handler (the memory settings' retry
+            # backoff is far shorter): the test's bus says so, and it comes back sooner than 2 s.
+            bus.errors.append(RuntimeError(f"the handling of {self.subject} (seq {self.metadata.sequence.stream}) "
+                                           "failed: see the log"))
+            delay = bus.ERROR_NAK_S
         self._consumer.settle(self._track, nak_delay=delay or 0.0)
 
     async def term(self) -> None:
@@ -301,33 +309,44 @@ class MemoryConsumer:
         self.wake.set()
 
     async def next(self) -> MemoryMsg:
-        """The next delivery: a redelivery that is due, else the first message never delivered."""
-        loop = asyncio.get_running_loop()
+        """The next delivery, once there is one."""
         while True:
             self.wake.clear()
-            now = loop.time()
-            fresh: list[StoredMsg] = []
-            next_due: float | None = None
-            for stored in self.stream.stored:
-                if not self.wants(stored.subject):
-                    continue
-                track = self.tracks.get(stored.seq)
-                if track is None:
-                    fresh.append(stored)
-                elif track.settled:
-                    continue
-                elif track.due > now:
-                    next_due = track.due if next_due is None else min(next_due, track.due)
-                elif track.delivered >= self.bus.settings.max_deliver:
-                    self._give_up(track)
-                else:
-                    return self._deliver(stored, track, len(fresh))
-            if fresh:
-                track = self.tracks[fresh[0].seq] = Tracking(fresh[0].seq)
-                return self._deliver(fresh[0], track, len(fresh) - 1)
-            timeout = None if next_due is None else max(0.0, next_due - now)
+            msg, next_due = self._take()
+            if msg is not None:
+                return msg
+            timeout = None if next_due is None else max(0.0, next_due - asyncio.get_running_loop().time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def ready(self) -> MemoryMsg | None:
+        """The next delivery if one is due now."""
+        return self._take()[0]
+
+    def _take(self) -> tuple[MemoryMsg | None, float | None]:
+        """A redelivery that is due, else the first message never delivered; else None and when the
+        next redelivery is due."""
+        now = asyncio.get_running_loop().time()
+        fresh: list[StoredMsg] = []
+        next_due: float | None = None
+        for stored in self.stream.stored:
+            if not self.wants(stored.subject):
+                continue
+            track = self.tracks.get(stored.seq)
+            if track is None:
+                fresh.append(stored)
+            elif track.settled:
+                continue
+            elif track.due > now:
+                next_due = track.due if next_due is None else min(next_due, track.due)
+            elif track.delivered >= self.bus.settings.max_deliver:
+                self._give_up(track)
+            else:
+                return self._deliver(stored, track, len(fresh)), None
+        if fresh:
+            track = self.tracks[fresh[0].seq] = Tracking(fresh[0].seq)
+            return self._deliver(fresh[0], track, len(fresh) - 1), None
+        return None, next_due
 
     def _deliver(self, stored: StoredMsg, track: Tracking, num_pending: int) -> MemoryMsg:
         track.delivered += 1
@@ -437,6 +456,30 @@ class MemoryJetStream:
         assert ack is not None
         return ack
 
+    async def pull_subscribe_bind(self, durable: str, stream: str, **_: Any) -> MemoryPullSubscription:
+        return MemoryPullSubscription(self._bus.consumers[(stream, durable)])
+
+
+class MemoryPullSubscription:
+    """``bus.js.pull_subscribe_bind(durable, stream)``: fetch as nats-py's does (what is there as soon
+    as one message has come, at most ``batch``; nats.errors.TimeoutError when none came in time)."""
+
+    def __init__(self, consumer: MemoryConsumer) -> None:
+        self._consumer = consumer
+
+    async def fetch(self, batch: int = 1, timeout: float | None = 5) -> list[MemoryMsg]:  # noqa: ASYNC109
+        try:
+            first = await asyncio.wait_for(self._consumer.next(), timeout)
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+        msgs = [first]
+        while len(msgs) < batch and (more := self._consumer.ready()) is not None:
+            msgs.append(more)
+        return msgs
+
+    async def unsubscribe(self) -> None:
+        return None
+
 
 # ---------------------------------------------------------------------------- the bus
 
@@ -444,7 +487,7 @@ class MemoryJetStream:
 class MemoryBus:
     """What ``shared.bus.Bus`` offers a worker, in memory (see the module's docstring)."""
 
-    #: After an error around a handler (``on_message`` raised), the message comes back after this.
+    #: After an error around a handler (the consumer loop's nak), the message comes back after this.
     ERROR_NAK_S = 0.1
 
     def __init__(self, settings: Settings) -> None:
@@ -512,49 +555,6 @@ class MemoryBus:
             consumer = MemoryConsumer(self, self.streams[stream], durable, filters, 0.0)
             self.consumers[(stream, durable)] = consumer
         consumer.filters, consumer.ack_wait = list(filters), ack_wait or self.settings.ack_wait_s
-
-    async def consume(self, stream: str, durable: str, filters: Sequence[str],
-                      on_message: Callable[[Any, Slot], Awaitable[None]], stop: asyncio.Event, *,
-                      concurrency: int = 1, device_slots: int | None = None, what: str = "") -> None:
-        """Hand ``durable``'s messages to ``on_message(msg, slot)``, ``concurrency`` at a time (each
-        also holding one of ``device_slots``, if given), until ``stop``; then cancel the handlers."""
-        await self.ensure_consumer(stream, durable, list(filters))
-        consumer = self.consumers[(stream, durable)]
-        free = asyncio.Semaphore(max(1, concurrency))
-        gate = asyncio.Semaphore(device_slots) if device_slots else None
-        handling: set[asyncio.Task[None]] = set()
-
-        async def handle(msg: MemoryMsg, slot: Slot) -> None:
-            try:
-                await on_message(msg, slot)
-            except Exception as exc:  # as shared/consumer.py: the message comes back after a pause
-                log.exception("message not processed, it will be redelivered", consumer=durable, stage=what)
-                self.errors.append(exc)
-                with contextlib.suppress(Exception):
-                    await msg.nak(delay=self.ERROR_NAK_S)
-            finally:
-                slot.release()
-                free.release()
-
-        async def fetch() -> None:
-            while True:
-                await free.acquire()
-                if gate is not None:
-                    await gate.acquire()
-                msg = await consumer.next()
-                task = asyncio.create_task(handle(msg, Slot(gate)))
-                handling.add(task)
-                task.add_done_callback(handling.discard)
-
-        fetching = asyncio.create_task(fetch())
-        stopping = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait([fetching, stopping], return_when=asyncio.FIRST_COMPLETED)
-            if fetching.done():
-                fetching.result()  # raise what stopped it
-        finally:
-            stopping.cancel()
-            await cancel_until_done([fetching, *handling])
 
     async def publish(self, subject: str, event: BaseModel, msg_id: str | None = None, *, retries: int = 5) -> PubAck:
         return await self.publish_payload(subject, codec.encode(event), msg_id)

@@ -12,7 +12,7 @@ from typing import Any
 from services.aggregator.transitions import stage_of_consumer
 from shared import codec
 from shared.bus import Bus
-from shared.consumer import Slot
+from shared.consumer import Slot, consume
 from shared.events import DeadLetter, Stage
 from shared.logs import get_logger
 
@@ -31,8 +31,8 @@ async def follow_advisories(bus: Bus, stop: asyncio.Event) -> None:
             log.exception("advisory handling failed, will retry")
             await msg.nak(delay=2)
 
-    await bus.consume(s.stream_advisories, f"{s.durable(Stage.aggregate)}-advisories", [">"], on_advisory, stop,
-                      what="aggregate")
+    await consume(bus, s.stream_advisories, f"{s.durable(Stage.aggregate)}-advisories", [">"], on_advisory, stop,
+                  what="aggregate")
 
 
 async def dead_letter_for(bus: Bus, advisory: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from nats.errors import MsgAlreadyAckdError
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NoStreamResponseError
 
 from shared import codec
-from shared.consumer import Slot
+from shared.consumer import Slot, consume
 from shared.events import CancelRequested, Progress, Stage
 from tests.memory_bus import MemoryBus, MemoryMsg, memory_settings, subject_matches
 
@@ -39,9 +39,9 @@ async def consuming(bus: MemoryBus, on_message: Callable[[MemoryMsg], Awaitable[
     async def handle(msg: Any, slot: Slot) -> None:
         await on_message(msg)
 
-    task = asyncio.create_task(bus.consume(bus.subjects.stream_events, DURABLE,
-                                           filters or [bus.subjects.completed("data")], handle, stop,
-                                           concurrency=concurrency))
+    task = asyncio.create_task(consume(bus, bus.subjects.stream_events, DURABLE,
+                                       filters or [bus.subjects.completed("data")], handle, stop,
+                                       concurrency=concurrency))
     try:
         await bus.wait_for(lambda: (bus.subjects.stream_events, DURABLE) in bus.consumers, what="the consumer")
         yield
