@@ -17,7 +17,7 @@ from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage,
 from shared.paired import compare_scores
 from shared.records import RequestRecord
 from shared.retention import rank_key
-from shared.statistics import PairedComparison, intervals_overlap
+from shared.statistics import PairedComparison, holm
 
 # The order of the stage cards and of the timeline.
 STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
@@ -365,31 +365,34 @@ def request_detail(
 LEADERBOARD_COLUMNS = (
     "base_model", "benchmark", "rank", "request_id", "primary_metric", "validation", "ci_low", "ci_high",
     "standing", "tie_basis", "vs_leader_difference", "vs_leader_ci_low", "vs_leader_ci_high", "vs_leader_p_value",
-    "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status", "submitted_at",
+    "vs_leader_level", "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status",
+    "submitted_at",
 )
-#: The level of every interval on the leaderboard; z its normal quantile (mean +- z * stderr).
+#: The level of every interval on the leaderboard, and the family-wise level of its standings; z the
+#: normal quantile of a row's own interval (mean +- z * stderr).
 LEADERBOARD_LEVEL = 0.95
 _Z = 1.959963984540054
-# Paired comparisons with a leader, by (request, leader): both verdicts are final, so the result is too.
-_PAIRED_CACHE: dict[tuple[str, str], tuple[PairedComparison | None, str]] = {}
+# Paired comparisons with a leader, by (request, leader, level): both verdicts are final, so the result is too.
+_PAIRED_CACHE: dict[tuple[str, str, float], tuple[PairedComparison | None, str]] = {}
 _PAIRED_CACHE_MAX = 4096
 
 
 def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
-    """The mean over items +- 1.96 standard errors, when the scores say both (``overall``)."""
+    """The headline +- 1.96 standard errors, when the scores say both (``overall``: every subset
+    weighing the same, as in ``primary_value``)."""
     overall = scores.overall
-    if overall is None or overall.items < 2:
+    if overall is None or overall.items < 2 or overall.stderr is None:
         return None
     return overall.mean - _Z * overall.stderr, overall.mean + _Z * overall.stderr
 
 
 def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_scores: BenchmarkScores,
-                        final: bool) -> tuple[PairedComparison | None, str]:
-    key = (rid, leader)
+                        final: bool, level: float = LEADERBOARD_LEVEL) -> tuple[PairedComparison | None, str]:
+    key = (rid, leader, level)
     hit = _PAIRED_CACHE.get(key)  # one lookup: the dashboard computes boards in threads
     if hit is not None:
         return hit
-    result = compare_scores(scores, leader_scores, level=LEADERBOARD_LEVEL, other_name="the leader")
+    result = compare_scores(scores, leader_scores, level=level, other_name="the leader")
     if final:
         if len(_PAIRED_CACHE) >= _PAIRED_CACHE_MAX:
             _PAIRED_CACHE.clear()
@@ -398,29 +401,37 @@ def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_s
 
 
 def _mark_ties(rows: list[dict[str, Any]], scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> None:
-    """Each row's standing against the board's leader (its first row): ``tied`` when the two cannot be told
-    apart, by the paired comparison on their shared items where both have per-item outcomes (the sharper
-    test), else by their own intervals overlapping; ``behind`` (or, rarely, ``ahead``: ranked by the point
-    score, better on the pooled items) beyond noise; None when there is nothing to tell it by."""
+    """Each row's standing against the board's leader (its first row), by the paired comparison on their
+    shared items: ``tied`` when the two cannot be told apart, ``behind`` (or, rarely, ``ahead``) beyond
+    noise, None when they cannot be paired (no per-item outcomes, other items: nothing to tell it by).
+
+    The leader is the best of several noisy scores, so the comparisons with it are one family: Holm's
+    correction keeps the chance of calling any tied row distinguishable at 1 - LEADERBOARD_LEVEL. Each
+    row's interval is at the level Holm tested it at (``vs_leader.level``), so it excludes 0 exactly
+    when the row is called distinguishable."""
     leader = rows[0]
     leader["standing"], leader["tie_basis"], leader["vs_leader"], leader["vs_leader_note"] = "leader", None, None, None
     lid = leader["request_id"]
+    first: dict[str, tuple[PairedComparison | None, str]] = {}
     for row in rows[1:]:
         rid = row["request_id"]
-        paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
+        first[rid] = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
+    family = [rid for rid, (paired, _) in first.items() if paired is not None]
+    _, levels = holm([p.p_value for rid in family if (p := first[rid][0]) is not None], 1.0 - LEADERBOARD_LEVEL)
+    tested_at = dict(zip(family, levels, strict=True))
+    for row in rows[1:]:
+        rid = row["request_id"]
+        paired, words = first[rid]
         row["vs_leader"], row["vs_leader_note"] = None, None
-        if paired is not None:
-            row["vs_leader"] = {**_paired_json(paired), "summary": words}
-            row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
-            row["tie_basis"] = "paired"
+        if paired is None:
+            row["standing"], row["tie_basis"], row["vs_leader_note"] = None, None, words
             continue
-        row["vs_leader_note"] = words
-        mine, theirs = row["interval"], leader["interval"]
-        if mine is None or theirs is None:
-            row["standing"], row["tie_basis"] = None, None
-        else:
-            row["standing"] = "tied" if intervals_overlap(tuple(mine), tuple(theirs)) else "behind"
-            row["tie_basis"] = "intervals"
+        paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid],
+                                            level=1.0 - tested_at[rid])
+        assert paired is not None  # the same two sides paired at 95% pair at any level
+        row["vs_leader"] = {**_paired_json(paired), "summary": words, "comparisons": len(family)}
+        row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
+        row["tie_basis"] = "paired"
 
 
 def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
@@ -498,6 +509,6 @@ def _flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """A leaderboard row with its intervals as plain columns, for the CSV."""
     interval, paired = row.get("interval"), row.get("vs_leader")
     flat = {**row, "ci_low": interval[0] if interval else None, "ci_high": interval[1] if interval else None}
-    for name in ("difference", "ci_low", "ci_high", "p_value", "items"):
+    for name in ("difference", "ci_low", "ci_high", "p_value", "level", "items"):
         flat[f"vs_leader_{name}"] = paired[name] if paired else None
     return flat
