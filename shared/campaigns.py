@@ -15,6 +15,8 @@ tests against the new incumbent, at the new next level (docs/judge.md, "Campaign
 
 from __future__ import annotations
 
+import hashlib
+import re
 from datetime import datetime
 
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -34,8 +36,18 @@ from shared.subjects import Subjects
 
 
 def campaigns_bucket(subjects: Subjects) -> str:
-    """The campaigns' KV bucket: judge and aggregator read and write it, agents and dashboards read it."""
-    return f"{subjects.prefix}_campaigns"
+    """The campaigns' KV bucket: the judge reads and writes it, agents read a campaign, dashboards all."""
+    return subjects.kv_campaigns
+
+
+def campaign_name_from(text: str, prefix: str = "") -> str:
+    """A valid campaign name (``shared.events.CAMPAIGN_NAME``) for ``text``, e.g. a folder's name: every
+    other character becomes ``-``; a name longer than 64 keeps its start and a hash of the whole, so
+    two long texts that share their start stay two campaigns."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{prefix}{text}").strip("-_") or "campaign"
+    if len(name) > 64:
+        name = f"{name[:55]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 class CampaignConflict(RuntimeError):

@@ -28,7 +28,9 @@ RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]
 #: anything else into a record.
 StageName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 #: A campaign's name: the key of its record in the campaigns bucket (shared/campaigns.py).
-CampaignName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+CAMPAIGN_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+CAMPAIGN_NAME_RULE = "a campaign name is letters, digits, '_' and '-', at most 64, starting with a letter or digit"
+CampaignName = Annotated[str, StringConstraints(pattern=rf"^{CAMPAIGN_NAME}$")]
 
 
 def utcnow() -> datetime:

@@ -178,6 +178,21 @@ def paired_permutation(
 
 #: Fewer items than this and a comparison says "too few items to say" instead of a verdict.
 MIN_ITEMS = 10
+#: The lowest confidence level a comparison may be made at: below it noise passes for an improvement
+#: (at 0.5, 3 better items of 40, p = 0.25, would be "better beyond noise").
+LEVEL_FLOOR = 0.9
+
+
+def check_level(level: float, name: str = "level") -> float:
+    """``level`` if it is a confidence level in [LEVEL_FLOOR, 1); a ValueError saying why otherwise."""
+    if not (isinstance(level, int | float) and math.isfinite(level)) or not 0.0 < level < 1.0:
+        raise ValueError(f"{name} {level!r} is not a confidence level: a number below 1, at least {LEVEL_FLOOR}, "
+                         "e.g. 0.95")
+    if level < LEVEL_FLOOR:
+        raise ValueError(f"{name} {level:g} is below the floor of {LEVEL_FLOOR}: at such a level noise passes for "
+                         f"an improvement (at 0.5, 3 better items of 40, p = 0.25, would be called better); use "
+                         f"{LEVEL_FLOOR} or more, e.g. 0.95")
+    return float(level)
 #: The power the detectable difference is stated at.
 POWER = 0.8
 
@@ -417,6 +432,29 @@ def detectable_difference(items: int, disagreement: float, *, level: float = 0.9
     return (m / items) * (2 * pi - 1)
 
 
+def effective_items(subset_sizes: Sequence[int]) -> int:
+    """How many equally weighted items the estimand's weights are worth (Kish's 1 / sum w_i^2): with S
+    subsets of n_s items each weighing 1 / S, that is S^2 / sum(1 / n_s); equal subsets give their total."""
+    sizes = [n for n in subset_sizes if n > 0]
+    if not sizes:
+        return 0
+    return max(1, round(len(sizes) ** 2 / math.fsum(1.0 / n for n in sizes)))
+
+
+#: The shares of differing items ``benchmarks ls`` states the detectable improvement for.
+DISAGREEMENTS = (0.1, 0.2, 0.3)
+
+
+def detectable_for_sizes(subset_sizes: Sequence[int], disagreement: float, *, level: float = 0.95,
+                         power: float = POWER) -> float | None:
+    """The smallest improvement a comparison on subsets of these sizes finds at ``power``, when a share
+    ``disagreement`` of the items differ: McNemar's exact power (:func:`detectable_difference`) on the
+    estimand's effective number of items (exact for subsets of one size; the weighted test's
+    approximation otherwise). None: none is detectable."""
+    items = effective_items(subset_sizes)
+    return detectable_difference(items, disagreement, level=level, power=power) if items else None
+
+
 def detectable_normal(diffs: Sequence[float], weights: Sequence[float], *, level: float = 0.95,
                       power: float = POWER) -> float | None:
     """The smallest weighted mean difference a two-sided test at ``level`` finds with probability
@@ -539,8 +577,7 @@ def compare_paired(
     ``strata`` (item id -> subset) weighs every subset the same (``stratum_weights``); without it every item
     weighs the same. Equal weights and outcomes all 0 or 1: McNemar's exact test and its interval
     (``mcnemar_interval``); otherwise the weighted sign-flip test and its inversion (``sign_flip_inverted``)."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    check_level(level)
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     if candidate.keys() != baseline.keys():

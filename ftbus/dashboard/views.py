@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage, Verdict, VerdictResult
+from shared.campaigns import CampaignRecord
+from shared.events import (
+    BenchmarkScores,
+    CampaignCheck,
+    JudgeResult,
+    Progress,
+    Report,
+    Stage,
+    Verdict,
+    VerdictResult,
+)
 from shared.paired import compare_scores
 from shared.records import RequestRecord
 from shared.retention import rank_key
@@ -357,6 +367,44 @@ def request_detail(
         "sandbox": source.sandbox if source is not None else None,
         "llm_usage": llm_usage.model_dump(mode="json", exclude={"calls"}) if llm_usage else None,
         "logs": list(logs),
+        "campaign": _campaign_check_json(result.campaign if result else None),
+    }
+
+
+# ---------------------------------------------------------------------- campaigns
+
+
+def _campaign_check_json(check: CampaignCheck | None) -> dict[str, Any] | None:
+    """The request against its campaign's incumbent, as the judge decided it."""
+    if check is None:
+        return None
+    return {"campaign": check.campaign, "index": check.index, "level": check.level, "incumbent": check.incumbent,
+            "better": check.better, "accepted": check.accepted, "summary": check.summary,
+            "paired": _paired_json(check.paired) if check.paired else None}
+
+
+def campaign_rows(campaigns: Iterable[CampaignRecord]) -> list[dict[str, Any]]:
+    """The campaigns page: one row per campaign, the most recently judged first."""
+    rows = [{"name": c.name, "benchmark": c.benchmark, "base_model": c.base_model, "incumbent": c.incumbent,
+             "incumbents": len(c.incumbents), "judged": len(c.history), "tested": c.state.tests,
+             "next_level": c.state.next_level(), "created_at": _iso(c.created_at), "updated_at": _iso(c.updated_at)}
+            for c in campaigns]
+    return sorted(rows, key=lambda r: (r["updated_at"] or "", r["name"]), reverse=True)
+
+
+def campaign_detail(campaign: CampaignRecord) -> dict[str, Any]:
+    """One campaign: its incumbent, the incumbents in order, and every judged candidate with what it was
+    compared with (the incumbent of its moment, or the base model), at which level, and the decision."""
+    return {
+        **campaign_rows([campaign])[0],
+        "procedure": campaign.procedure,
+        "alpha": campaign.state.alpha,
+        "incumbent_history": [{"request_id": e.request_id, "judged_at": _iso(e.judged_at), "index": e.index}
+                              for e in campaign.incumbents],
+        "history": [{"request_id": e.request_id, "judged_at": _iso(e.judged_at), "index": e.index,
+                     "level": e.level, "incumbent": e.incumbent, "better": e.better, "accepted": e.accepted,
+                     "summary": e.summary, "paired": _paired_json(e.paired) if e.paired else None}
+                    for e in campaign.history],
     }
 
 

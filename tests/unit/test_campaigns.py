@@ -177,3 +177,104 @@ async def test_the_campaign_refuses_under_every_policy_even_rules(tmp_path: Path
     store = CampaignStore(MemoryBus(settings))
     assert (await run(candidate("lora-1", 40), settings, store)).feedback.final_decision
     assert not (await run(candidate("copy", 40), settings, store)).feedback.final_decision
+
+
+# ---------------------------------------------------------------------- names, tasks, the CLI, the views
+
+
+def test_campaign_names_from_any_text_are_valid_and_long_ones_stay_distinct() -> None:
+    import re
+
+    from shared.campaigns import campaign_name_from
+    from shared.events import CAMPAIGN_NAME
+
+    assert campaign_name_from("2026-01-01_12-00-00-123456", prefix="rdagent-") == "rdagent-2026-01-01_12-00-00-123456"
+    assert campaign_name_from("my run/with spaces.ok") == "my-run-with-spaces-ok"
+    long_a, long_b = campaign_name_from("x" * 80 + "a"), campaign_name_from("x" * 80 + "b")
+    assert long_a != long_b and len(long_a) == len(long_b) == 64
+    for name in (long_a, campaign_name_from("..."), campaign_name_from("é")):
+        assert re.fullmatch(CAMPAIGN_NAME, name), name
+
+
+def test_a_tasks_line_names_its_campaign_and_a_bad_name_is_refused_with_its_line(tmp_path: Path) -> None:
+    from ftbus.batch import TaskFileError, load_tasks
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    lines = tmp_path / "tasks.jsonl"
+    lines.write_text('{"workspace": "ws", "campaign": "search-1"}\n{"workspace": "ws"}\n')
+    first, second = load_tasks(lines, {"base_model": "m", "benchmark": "b", "campaign": "default-c"})
+    assert first.task_spec().campaign == "search-1"  # the line's own
+    assert second.task_spec().campaign == "default-c"  # --campaign fills what a line leaves out
+    lines.write_text('{"workspace": "ws", "campaign": "no spaces please"}\n')
+    with pytest.raises(TaskFileError, match=r"tasks.jsonl:1: campaign: String should match pattern"):
+        load_tasks(lines, {"base_model": "m", "benchmark": "b"})
+
+
+def test_submit_refuses_a_bad_campaign_name_before_connecting() -> None:
+    from typer.testing import CliRunner
+
+    from ftbus.cli import app
+
+    result = CliRunner().invoke(app, ["submit", "examples/lora", "--base-model", "tiny-llama", "--benchmark",
+                                      "tiny-sentiment", "--campaign", "bad name"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "--campaign 'bad name': a campaign name is letters, digits" in " ".join(result.output.split())
+    shown = CliRunner().invoke(app, ["campaign", "bad/name"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 2 and "a campaign name is letters" in shown.output
+
+
+async def judged_campaign(settings: Settings, store: CampaignStore) -> CampaignRecord:
+    """A campaign of four: lora-1 accepted, a copy refused, lora-3 accepted over it, a weaker one refused."""
+    for rid, fixed in (("lora-1", 20), ("copy", 20), ("lora-3", 60), ("weaker", 30)):
+        await run(candidate(rid, fixed), settings, store)
+    record = await store.get("c1")
+    assert record is not None
+    return record
+
+
+async def test_the_campaign_view_shows_the_incumbent_its_history_and_every_comparison(
+        settings: Settings, store: CampaignStore) -> None:
+    import json
+
+    from rich.console import Console
+
+    from ftbus.campaign_view import campaign_json, render_campaign
+
+    record = await judged_campaign(settings, store)
+    console = Console(record=True, width=300, force_terminal=False)
+    render_campaign(console, record)
+    text = console.export_text()
+    assert "campaign c1: gsm8k with base model" in text and "4 candidates tested" in text
+    assert "incumbent: lora-3, accepted" in text and "incumbents in order: lora-1 -> lora-3" in text
+    as_json = campaign_json(record)
+    assert json.loads(json.dumps(as_json))["incumbent"] == "lora-3"
+    assert as_json["incumbents"] == ["lora-1", "lora-3"]
+    assert [(e["request_id"], e["incumbent"], e["accepted"]) for e in as_json["history"]] == [
+        ("lora-1", None, True), ("copy", "lora-1", False), ("lora-3", "lora-1", True), ("weaker", "lora-3", False)]
+    assert as_json["next_level"] == pytest.approx(CAMPAIGN_ALPHA * gamma(5))  # the last was refused: nothing carried
+    summaries = [e["summary"] for e in as_json["history"]]
+    assert summaries[1].startswith("not distinguishable from the incumbent lora-1")
+    assert summaries[2].startswith("better than the incumbent lora-1 by +0.20")
+    assert summaries[3].startswith("worse than the incumbent lora-3 by -0.15")
+
+
+async def test_the_dashboard_shows_campaigns_and_each_requests_comparison_with_its_incumbent(
+        settings: Settings, store: CampaignStore) -> None:
+    from ftbus.dashboard import views
+    from shared.records import RequestRecord
+
+    record = await judged_campaign(settings, store)
+    rows = views.campaign_rows([record])
+    assert rows[0]["name"] == "c1" and rows[0]["incumbent"] == "lora-3"
+    assert (rows[0]["judged"], rows[0]["tested"], rows[0]["incumbents"]) == (4, 4, 2)
+    detail = views.campaign_detail(record)
+    assert [e["request_id"] for e in detail["incumbent_history"]] == ["lora-1", "lora-3"]
+    assert detail["history"][1]["incumbent"] == "lora-1" and detail["history"][1]["paired"]["direction"] == (
+        "indistinguishable")
+    # A request's page: its judgement against the incumbent, from the record the aggregator keeps.
+    judged = await run(candidate("late", 20), settings, store)
+    page = views.request_detail(RequestRecord(request_id="late", status="completed", stage="judge",
+                                              task=judged.context.task, judge=judged))
+    assert page["campaign"]["campaign"] == "c1" and page["campaign"]["incumbent"] == "lora-3"
+    assert not page["campaign"]["accepted"] and page["campaign"]["summary"].startswith("worse than the incumbent")

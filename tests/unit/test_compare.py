@@ -147,6 +147,10 @@ def test_cli_help_explains_and_a_bad_level_is_a_usage_error() -> None:
     assert "Exit 0 when compared" in text and "2 when refused" in text and "--level" in text and "--json" in text
     bad = runner.invoke(app, ["compare", "A", "B", "--level", "1.5"])
     assert bad.exit_code == 2
-    assert "--level 1.5: a confidence level between 0 and 1" in " ".join(bad.output.split())
+    assert "--level 1.5 is not a confidence level: a number below 1, at least 0.9" in " ".join(bad.output.split())
+    # Below the floor: refused before anything connects, saying why.
+    low = runner.invoke(app, ["compare", "A", "B", "--level", "0.5"])
+    assert low.exit_code == 2
+    assert "--level 0.5 is below the floor of 0.9: at such a level noise passes" in " ".join(low.output.split())
     missing = runner.invoke(app, ["compare", "A"])
     assert missing.exit_code == 2

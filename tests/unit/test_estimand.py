@@ -10,6 +10,7 @@ import itertools
 import math
 import random
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,11 +224,21 @@ def test_the_confidence_level_has_a_floor_of_0_9() -> None:
 
     from shared.settings import Settings
 
-    with pytest.raises(ValidationError, match="judge_confidence_level"):
+    with pytest.raises(ValidationError, match=r"judge_confidence_level 0\.5 is below the floor of 0\.9: at such a "
+                       r"level noise passes for an improvement"):
         Settings(judge_confidence_level=0.5)
-    with pytest.raises(ValidationError, match=r"0\.9"):
+    with pytest.raises(ValidationError, match=r"judge_confidence_level 0\.89 is below the floor of 0\.9"):
         Settings(judge_confidence_level=0.89)
+    with pytest.raises(ValidationError, match=r"judge_confidence_level 1\.0 is not a confidence level"):
+        Settings(judge_confidence_level=1.0)
     assert Settings(judge_confidence_level=0.9).judge_confidence_level == 0.9
+    # The same floor wherever a comparison is made: the case, 3 better items of 40 (p = 0.25).
+    cand = {str(i): 1.0 if i < 3 else 0.0 for i in range(40)}
+    base = {str(i): 0.0 for i in range(40)}
+    with pytest.raises(ValueError, match=r"level 0\.5 is below the floor of 0\.9"):
+        compare_paired(cand, base, level=0.5)
+    assert compare_paired(cand, base, level=0.9).p_value == pytest.approx(float(binomial_p(3, 0)))
+    assert not compare_paired(cand, base, level=0.9).improves()
 
 
 # ---------------------------------------------------------------- item 5: power
@@ -278,3 +289,47 @@ def test_the_graded_detectable_difference_matches_a_simulation() -> None:
                                 {str(i): float(base[i]) for i in range(n)}, seed=t, resamples=2000)
         rejected += result.p_value < 0.05
     assert 0.65 < rejected / trials < 0.92, rejected / trials
+
+
+def test_benchmarks_ls_states_the_detectable_improvement_of_the_default_split(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ftbus.cli import app
+    from shared.statistics import detectable_for_sizes, effective_items
+
+    # The estimand's effective items are Kish's 1 / sum w^2 of its own weights, computed here from the weights.
+    for sizes in ([100], [100, 100], [10, 6], [3, 100], [57] * 5):
+        weights = stratum_weights([f"s{k}" for k, n in enumerate(sizes) for _ in range(n)])
+        assert effective_items(sizes) == round(1 / sum(w * w for w in weights))
+    # One subset, or subsets of one size: exactly McNemar's power on all the items.
+    assert detectable_for_sizes([100, 100], 0.2) == detectable_difference(200, 0.2)
+    assert detectable_for_sizes([10, 6], 0.3) is None  # 16 items: nothing detectable (the tiny benchmarks)
+
+    bench = tmp_path / "assets" / "benchmarks" / "two"
+    bench.mkdir(parents=True)
+    (bench / "benchmark.yaml").write_text(
+        "name: two\nversion: 1\nkind: generate_until\nprimary_metric: exact_match\nhigher_is_better: true\n"
+        "subsets:\n- name: a\n  file: a.jsonl\n- name: b\n  file: b.jsonl\n")
+    for subset in ("a", "b"):
+        (bench / f"{subset}.jsonl").write_text(
+            "".join(json.dumps({"id": f"{subset}{i}", "question": f"q{i}", "answer": "1"}) + "\n" for i in range(400)))
+    monkeypatch.setenv("FTBUS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FTBUS_ASSETS_DIR", str(tmp_path / "assets"))
+    listed = CliRunner().invoke(app, ["benchmarks", "ls", "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    power = row["power"]
+    assert power["validation_items"] == 200 and power["effective_items"] == 200
+    # Independently: the exact power of McNemar's test at the stated improvement is 80%, and no less would do.
+    for share, delta in power["detectable"].items():
+        m = round(200 * float(share))
+        pi = (1 + delta * 200 / m) / 2
+        assert exact_power(m, pi) >= 0.8 - 1e-9 and exact_power(m, pi - 0.005) < 0.8
+    table = CliRunner().invoke(app, ["benchmarks", "ls", "-o", "plain"])
+    assert table.exit_code == 0
+    header, line = table.stdout.splitlines()[:2]
+    start = header.index("detectable")  # plain columns: each cell starts where its header does
+    assert line[start:].split()[0] == "/".join(f"+{d:.2f}" for d in power["detectable"].values())

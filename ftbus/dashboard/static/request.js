@@ -171,6 +171,15 @@
     if (d.validation) FT.fill(document.getElementById("validation"), ...scoresTable(d.validation));
     if (d.test) FT.fill(document.getElementById("test"), ...testTable(d.test));
     if (d.feedback) FT.fill(document.getElementById("feedback"), ...feedback(d.feedback, d.judge));
+    const c = d.campaign;
+    document.getElementById("campaign-section").hidden = !c;
+    if (c) {
+      FT.fill(document.getElementById("campaign-check"),
+        el("a", { href: "/campaigns/" + encodeURIComponent(c.campaign), text: c.campaign }),
+        el("span", { class: "muted", text: c.index ? ` · tested #${c.index} at one-sided level ${c.level.toPrecision(3)} · ` : " · " }),
+        el("span", { class: "badge " + (c.accepted ? "yes" : "no"), text: c.accepted ? "became the incumbent" : "refused" }),
+        " ", el("span", { id: "campaign-summary", text: c.summary }));
+    }
     if (d.data_stats || d.llm_usage) {
       FT.fill(document.getElementById("data"), ...(d.data_stats ? dataStats(d.data_stats, d.data_cached) : []),
         d.llm_usage ? llmUsage(d.llm_usage) : null);
