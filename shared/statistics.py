@@ -545,6 +545,20 @@ class PairedComparison(BaseModel):
             return f"not distinguishable from {other} (difference {_signed(self.difference)}, {ci}, {p}, {items})"
         return f"{self.direction} than {other} by {_signed(self.difference)} ({ci}, {p}, {items})"
 
+    @property
+    def method(self) -> str:
+        """How the p-value and the interval were computed, in words (a verdict's details line)."""
+        weighing = f", each of the {self.subsets} subsets weighing the same" if self.weighting == "subsets" else ""
+        if self.test == "mcnemar":
+            test = "McNemar's exact test"
+        else:
+            test = f"a paired sign-flip permutation test{weighing}"
+        if self.interval == "mcnemar":
+            return f"{test}, with the exact interval built on the same binomial test"
+        if self.interval == "inversion":
+            return f"{test}, with the interval that inverts it (seed {self.seed})"
+        return f"{test}; percentile bootstrap interval of {self.resamples} resamples, seed {self.seed}"
+
     def describe_power(self) -> str | None:
         """What this comparison could have found, in words; None for an old verdict without it."""
         if self.disagreement is None:

@@ -295,7 +295,7 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
 
 
 def _paired_json(paired: PairedComparison) -> dict[str, Any]:
-    return {**paired.model_dump(mode="json"), "direction": paired.direction}
+    return {**paired.model_dump(mode="json"), "direction": paired.direction, "method": paired.method}
 
 
 def hidden_test_view(scores: BenchmarkScores | None, error: str | None) -> dict[str, Any] | None:

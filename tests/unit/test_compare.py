@@ -60,7 +60,8 @@ def test_better_beyond_noise_in_words_with_mcnemars_exact_p() -> None:
     assert back.paired.ci_high < 0
     details = describe_details(result)
     assert "A 1.0000, B 0.5000 over 20 shared items, 1 run per item" in details
-    assert "McNemar's exact test on 10 items only A got right, 0 only B" in details
+    assert ("McNemar's exact test, with the exact interval built on the same binomial test, on 10 items only A "
+            "got right, 0 only B") in details
     # Reproducible: the same comparison twice gives the same interval.
     assert compare_verdicts(a, b).paired == p
 

@@ -73,8 +73,8 @@
     if (!p) return summary ? el("p", { class: "muted", id: "paired-summary", text: summary }) : null;
     const cls = p.direction === "better" ? "up" : p.direction === "worse" ? "down" : "";
     const pText = p.p_value < 0.001 ? "< 0.001" : p.p_value.toFixed(3);
-    const test = p.test === "mcnemar" ? `McNemar's exact test (${p.candidate_only} items only the candidate got right, ${p.baseline_only} only the base model)`
-      : "paired permutation test";
+    const test = p.test === "mcnemar" ? `${p.method} (${p.candidate_only} items only the candidate got right, ${p.baseline_only} only the base model)`
+      : p.method;
     return el("div", { id: "paired", "data-direction": p.direction },
       el("p", { id: "paired-summary", class: "paired " + cls, text: summary || "" }),
       el("table", { class: "grid", id: "paired-table" },
@@ -84,7 +84,7 @@
           el("td", { class: "num ci", text: `${sg(p.ci_low)} to ${sg(p.ci_high)}` }),
           el("td", { class: "num p", text: pText }),
           el("td", { class: "num items", text: p.items }),
-          el("td", { class: "muted", text: `${test}; bootstrap seed ${p.seed}` })))));
+          el("td", { class: "muted", text: test })))));
   }
 
   function testTable(t) {
