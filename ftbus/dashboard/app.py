@@ -91,7 +91,7 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
         return page("campaigns.html", request)
 
     async def campaign_page(request: Request) -> Response:
-        return page("campaign.html", request, name=_valid_campaign(request.path_params["name"]))
+        return page("campaign.html", request, campaign=_valid_campaign(request.path_params["name"]))
 
     async def api_campaigns(request: Request) -> Response:
         return JSONResponse({"campaigns": views.campaign_rows(await state.campaigns())})

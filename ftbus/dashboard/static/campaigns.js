@@ -15,7 +15,7 @@
         el("td", { class: "incumbent" }, c.incumbent ? link(c.incumbent) : el("span", { class: "muted", text: "none yet" })),
         el("td", { class: "num", text: c.incumbents }), el("td", { class: "num", text: c.judged }),
         el("td", { class: "num", text: c.tested }), el("td", { class: "num", text: level(c.next_level) }),
-        el("td", { "data-since": c.updated_at || "", text: FT.age(c.updated_at) }))));
+        el("td", {}, el("span", { "data-since": c.updated_at || "", text: FT.age(c.updated_at) }), el("span", { class: "muted", text: " ago" })))));
     document.getElementById("no-campaigns").hidden = data.campaigns.length > 0;
   }
 
@@ -34,7 +34,7 @@
     FT.fill(document.querySelector("#history tbody"), ...c.history.map((e) =>
       el("tr", { "data-request-id": e.request_id, "data-accepted": String(e.accepted) },
         el("td", { text: e.index ?? "–" }), el("td", {}, link(e.request_id)),
-        el("td", { "data-since": e.judged_at || "", text: FT.age(e.judged_at) }),
+        el("td", {}, el("span", { "data-since": e.judged_at || "", text: FT.age(e.judged_at) }), el("span", { class: "muted", text: " ago" })),
         el("td", {}, e.incumbent ? link(e.incumbent) : el("span", { class: "muted", text: "the base model" })),
         el("td", { class: "num", text: level(e.level) }), el("td", {}, badge(e.accepted)),
         el("td", { class: "reason", text: e.summary }))));
