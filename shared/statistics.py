@@ -292,7 +292,13 @@ def mcnemar_interval(b: int, c: int, n: int, level: float) -> tuple[float, float
     psi_low, psi_high = clopper_pearson(m, n, 1.0 - (1.0 - level) / 10)
     low = (2 * pi_low - 1) * (psi_high if pi_low < 0.5 else psi_low)
     high = (2 * pi_high - 1) * (psi_high if pi_high > 0.5 else psi_low)
-    return low, high
+    return _holding_zero(low, high) if p >= 1.0 - level else (low, high)
+
+
+def _holding_zero(low: float, high: float) -> tuple[float, float]:
+    """An interval that holds 0, with an end within rounding of 0 made 0 itself: never "-0.0000 to ..."."""
+    low, high = min(low, 0.0), max(high, 0.0)
+    return (0.0 if low > -1e-12 else low), (0.0 if high < 1e-12 else high)
 
 
 # ---------------------------------------------------------------- the weighted sign-flip test, inverted
@@ -386,7 +392,7 @@ def sign_flip_inverted(
         high = float(-np.sort(-r_high)[need - 1])
     low, high = max(-1.0, min(low, observed)), min(1.0, max(high, observed))
     if p >= alpha:
-        low, high = min(low, 0.0), max(high, 0.0)
+        low, high = _holding_zero(low, high)
     elif observed > 0:
         low = max(low, math.nextafter(0.0, 1.0))
     else:

@@ -333,3 +333,20 @@ def test_benchmarks_ls_states_the_detectable_improvement_of_the_default_split(
     header, line = table.stdout.splitlines()[:2]
     start = header.index("detectable")  # plain columns: each cell starts where its header does
     assert line[start:].split()[0] == "/".join(f"+{d:.2f}" for d in power["detectable"].values())
+
+
+def test_an_interval_that_holds_zero_has_no_negative_zero_end() -> None:
+    # tiny-arith's shape: subsets of 10 and 6 items; the candidate right on every 2nd, the base on every 4th.
+    cand = subset_scores({"d": [float(i % 2 == 0) for i in range(10)], "h": [float(i % 2 == 0) for i in range(6)]})
+    base = subset_scores({"d": [float(i % 4 == 0) for i in range(10)], "h": [float(i % 4 == 0) for i in range(6)]})
+    paired, _ = compare_scores(cand, base)
+    assert paired is not None and paired.ci_low <= 0.0 <= paired.ci_high
+    assert f"{paired.ci_low:+.4f}" == "+0.0000"  # the end is 0 itself, as the page and the words show it
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(MIN_ITEMS, 30)
+        result = compare_paired({str(i): float(rng.random() < 0.5) for i in range(n)},
+                                {str(i): float(rng.random() < 0.5) for i in range(n)},
+                                strata={str(i): "ab"[i % 3 == 0] for i in range(n)})
+        for end in (result.ci_low, result.ci_high):
+            assert not -1e-12 < end < 0.0 and not (end == 0.0 and math.copysign(1.0, end) < 0), end
