@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from ftbus.dashboard import views
 from ftbus.dashboard.state import Hub, redact
 from shared.events import (
@@ -288,3 +290,62 @@ def test_the_request_page_has_the_paired_comparison_with_the_base_model_in_words
     assert shown["paired"]["difference"] == 0.5 and shown["paired"]["items"] == 20
     assert shown["paired"]["direction"] == "better" and shown["paired"]["test"] == "mcnemar"
     assert views.request_detail(completed("lb3-none", 0.5))["validation"]["paired"] is None
+
+
+def _closed_testing(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's rejections by their definition, independently: the closure of Bonferroni tests. H_i is
+    rejected iff every intersection hypothesis that contains it is, i.e. for every subset S holding i,
+    min over S of p_j < alpha / |S| (every subset enumerated)."""
+    from itertools import combinations
+
+    k = len(p_values)
+    rejected = []
+    for i in range(k):
+        others = [j for j in range(k) if j != i]
+        rejected.append(all(min(p_values[j] for j in (i, *subset)) < alpha / (1 + len(subset))
+                            for size in range(k) for subset in combinations(others, size)))
+    return rejected
+
+
+def test_holm_rejects_what_closed_testing_rejects_and_its_levels_say_so() -> None:
+    import random
+
+    from shared.statistics import holm
+
+    rng = random.Random(36)
+    for _ in range(400):
+        k = rng.randint(1, 6)
+        p = [rng.choice((rng.random() * 0.06, rng.random())) for _ in range(k)]
+        rejected, levels = holm(p, 0.05)
+        assert rejected == _closed_testing(p, 0.05), p
+        # Each p is tested at its level: rejected exactly when below it (the board's intervals rely on it).
+        assert [pi < level for pi, level in zip(p, levels, strict=True)] == rejected, (p, levels)
+        assert all(0.05 / k <= level <= 0.05 for level in levels)
+
+
+def test_the_leaderboard_corrects_its_comparisons_with_the_leader_for_multiplicity() -> None:
+    """One row loses 6 discordant items to the leader and wins none: McNemar's p = 2/64 = 0.031. Alone
+    against the leader it is behind at 95%; among four comparisons with the leader, Holm tests it at
+    0.05 / 4 and it is tied, its interval (at that level) holding 0."""
+    leader = [1.0] * 40 + [0.0] * 20
+    worse = [0.0] * 6 + [1.0] * 34 + [0.0] * 20  # 6 of the leader's right items wrong
+    alone = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2)])
+    (row,) = alone[0]["rows"][1:]
+    assert row["standing"] == "behind" and row["vs_leader"]["p_value"] == pytest.approx(2 / 64)
+    assert row["vs_leader"]["level"] == pytest.approx(0.95) and row["vs_leader"]["comparisons"] == 1
+    # Three more candidates, identical to the leader (p = 1): now four comparisons in the family.
+    copies = [itemised(f"h-copy{i}", leader, minute=3 + i) for i in range(3)]
+    crowded = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies])
+    by_id = {r["request_id"]: r for r in crowded[0]["rows"]}
+    shown = by_id["h-worse"]["vs_leader"]
+    assert by_id["h-worse"]["standing"] == "tied" and shown["comparisons"] == 4
+    assert shown["level"] == pytest.approx(1 - 0.05 / 4)  # the smallest p of four: Bonferroni's level
+    assert shown["ci_low"] <= 0.0 <= shown["ci_high"] and shown["p_value"] == pytest.approx(2 / 64)
+    assert all(by_id[f"h-copy{i}"]["standing"] == "tied" for i in range(3))
+    # Far behind stays behind whatever the family: p = 2 / 2^30, below 0.05 / 5.
+    far = [0.0] * 30 + [1.0] * 10 + [0.0] * 20
+    five = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies,
+                              itemised("h-far", far, minute=9)])
+    rows = {r["request_id"]: r for r in five[0]["rows"]}
+    assert rows["h-far"]["standing"] == "behind" and rows["h-far"]["vs_leader"]["ci_high"] < 0
+    assert rows["h-far"]["vs_leader"]["level"] == pytest.approx(1 - 0.05 / 5)
