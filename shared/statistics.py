@@ -447,6 +447,20 @@ def effective_items(subset_sizes: Sequence[int]) -> int:
     return max(1, round(len(sizes) ** 2 / math.fsum(1.0 / n for n in sizes)))
 
 
+def score_interval(mean: float, items: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval of a score in [0, 1] averaged over ``items`` items: never a point, and
+    inside [0, 1]. For items right or wrong it is Wilson's; for graded items it is conservative, the
+    variance of a value in [0, 1] with mean p being at most p (1 - p)."""
+    if items < 1:
+        raise ValueError(f"score_interval needs at least one item, got {items}")
+    z = NormalDist().inv_cdf(1.0 - (1.0 - level) / 2)
+    p = min(1.0, max(0.0, mean))
+    shrink = 1.0 + z * z / items
+    centre = (p + z * z / (2 * items)) / shrink
+    half = z * math.sqrt(p * (1.0 - p) / items + z * z / (4 * items * items)) / shrink
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 #: The shares of differing items ``benchmarks ls`` states the detectable improvement for.
 DISAGREEMENTS = (0.1, 0.2, 0.3)
 

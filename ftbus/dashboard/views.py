@@ -27,7 +27,7 @@ from shared.events import (
 from shared.paired import compare_scores
 from shared.records import RequestRecord
 from shared.retention import rank_key
-from shared.statistics import PairedComparison, holm
+from shared.statistics import PairedComparison, effective_items, holm, score_interval
 
 # The order of the stage cards and of the timeline.
 STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
@@ -416,22 +416,23 @@ LEADERBOARD_COLUMNS = (
     "vs_leader_level", "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status",
     "submitted_at",
 )
-#: The level of every interval on the leaderboard, and the family-wise level of its standings; z the
-#: normal quantile of a row's own interval (mean +- z * stderr).
+#: The level of every interval on the leaderboard, and the family-wise level of its standings.
 LEADERBOARD_LEVEL = 0.95
-_Z = 1.959963984540054
 # Paired comparisons with a leader, by (request, leader, level): both verdicts are final, so the result is too.
 _PAIRED_CACHE: dict[tuple[str, str, float], tuple[PairedComparison | None, str]] = {}
 _PAIRED_CACHE_MAX = 4096
 
 
 def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
-    """The headline +- 1.96 standard errors, when the scores say both (``overall``: every subset
-    weighing the same, as in ``primary_value``)."""
+    """The headline's own 95% interval (``overall``: every subset weighing the same, as in
+    ``primary_value``): Wilson's score interval on the estimand's effective items, which is never a
+    point (16 of 16 right gives [0.81, 1.00], where mean +- 1.96 standard errors gave [1.00, 1.00]).
+    None without ``overall`` or with fewer than two items."""
     overall = scores.overall
-    if overall is None or overall.items < 2 or overall.stderr is None:
+    if overall is None or overall.items < 2:
         return None
-    return overall.mean - _Z * overall.stderr, overall.mean + _Z * overall.stderr
+    sizes = [stats.items for stats in scores.run_stats.values()] or [overall.items]
+    return score_interval(overall.mean, effective_items(sizes), LEADERBOARD_LEVEL)
 
 
 def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_scores: BenchmarkScores,

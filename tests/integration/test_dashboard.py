@@ -369,12 +369,16 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     assert best_cells[2] == f"{b.candidate_value:.4f}"
     assert best_cells[5:8] == [f"{b.baseline_value:.4f}", f"{b.difference:+.4f}",
                                f"{reports[best].benchmark_test.primary_value:.4f}"]
-    # Intervals: the leader's own (mean +- 1.96 standard errors); the others' paired difference from the
-    # leader on the same items. Answering half or a third of the items is beyond noise: behind, not tied.
-    overall = verdicts[best].result.benchmark.overall
-    assert overall is not None
-    z = 1.959963984540054
-    assert best_cells[3] == f"[{overall.mean - z * overall.stderr:.4f}, {overall.mean + z * overall.stderr:.4f}]"
+    # Intervals: the leader's own (Wilson's on the estimand's effective items: never a point, though it
+    # answers every item right); the others' paired difference from the leader on the same items.
+    # Answering half or a third of the items is beyond noise: behind, not tied.
+    from shared.statistics import effective_items, score_interval
+
+    leader_bench = verdicts[best].result.benchmark
+    assert leader_bench.overall is not None
+    low, high = score_interval(leader_bench.overall.mean,
+                               effective_items([s.items for s in leader_bench.run_stats.values()]))
+    assert best_cells[3] == f"[{low:.4f}, {high:.4f}]" and low < high
     assert best_cells[4] == "leader"
     standing = await page.eval_on_selector_all(f"{board} tbody tr", "rs => rs.map(r => r.dataset.standing)")
     assert dict(zip(order, standing, strict=True))[best] == "leader"

@@ -223,6 +223,44 @@ def test_request_detail_says_what_sandbox_the_code_ran_in_and_what_its_llm_calls
 # ---------------------------------------------------------------------- intervals and ties on the leaderboard
 
 
+def wilson_by_inversion(share: float, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson's interval by its definition, not its closed form: every p whose score test accepts the
+    observed share, |share - p| <= z sqrt(p (1 - p) / n), found on a fine grid and refined by bisection."""
+    def accepts(p: float) -> bool:
+        return abs(share - p) <= z * (p * (1 - p) / n) ** 0.5
+
+    grid = [i / 20000 for i in range(20001)]
+    inside = [p for p in grid if accepts(p)]
+
+    def edge(outside: float, inside_p: float) -> float:
+        for _ in range(60):
+            mid = (outside + inside_p) / 2
+            outside, inside_p = (outside, mid) if accepts(mid) else (mid, inside_p)
+        return inside_p
+
+    low = inside[0] if inside[0] == 0.0 else edge(inside[0] - 1 / 20000, inside[0])
+    high = inside[-1] if inside[-1] == 1.0 else edge(inside[-1] + 1 / 20000, inside[-1])
+    return low, high
+
+
+def test_a_rows_own_interval_is_never_a_point() -> None:
+    """Every item right: mean +- 1.96 standard errors was [1.0000, 1.0000]; Wilson's interval is not."""
+    perfect = itemised("own-perfect", [1.0] * 16, minute=1)
+    rows = views.leaderboard([perfect])[0]["rows"]
+    lo, hi = rows[0]["interval"]
+    assert hi == 1.0 and lo < 0.85 and (lo, hi) == pytest.approx(wilson_by_inversion(1.0, 16), abs=1e-5)
+    # Subsets weighing the same count as their effective items (Kish: 1 / sum w^2): 10 and 6 items -> 15.
+    two = itemised("own-two", [1.0] * 10, minute=2)
+    bench = two.verdict.result.benchmark
+    from shared.events import RunStats
+
+    bench.run_stats = {"a": RunStats(items=10, num_runs=1, mean=1.0, stderr=0.0),
+                       "b": RunStats(items=6, num_runs=1, mean=0.5, stderr=0.2)}
+    bench.overall = RunStats(items=16, num_runs=1, mean=0.75, stderr=0.1)
+    (row,) = views.leaderboard([two])[0]["rows"]
+    assert tuple(row["interval"]) == pytest.approx(wilson_by_inversion(0.75, 15), abs=1e-5)
+
+
 def itemised(rid: str, outcomes: list[float], *, minute: int = 0, ids: list[str] | None = None) -> RequestRecord:
     """A completed request whose verdict has per-item outcomes (one run each) and their mean and stderr."""
     from shared.events import RunStats
@@ -253,7 +291,7 @@ def test_a_candidate_inside_the_noise_of_the_leader_is_tied_by_the_paired_compar
     assert behind["summary"].startswith("worse than the leader by -0.50")
     # Each row's own interval: the mean over items +- 1.96 standard errors.
     lo, hi = rows[0]["interval"]
-    assert lo < 0.75 < hi and abs((hi - lo) / 2 - 1.96 * (0.75 * 0.25 / 39) ** 0.5) < 1e-3
+    assert (lo, hi) == pytest.approx(wilson_by_inversion(0.75, 40), abs=1e-5)
     # The exports carry the same: the CSV as plain columns.
     csv_rows = list(csv.DictReader(io.StringIO(views.leaderboard_csv(views.leaderboard([far, close, leader])))))
     assert [r["standing"] for r in csv_rows] == ["leader", "tied", "behind"]
