@@ -5,13 +5,16 @@ The engine generates an item's runs in one batched generation: lm-eval's ``repea
 config clones each request, the copies sort next to each other, and a batch size of ``num_runs``
 makes each batch one prompt with its samples (docs/benchmarks.md, "Repeated runs").
 
-Per subset and over all items (``BenchmarkScores.run_stats``, ``.overall``), from each item's primary
-metric in each run: the mean over items of the item means (avg@n) and its standard error over items;
-for code, the unbiased pass@k for k <= n; for math, avg@n and maj@n (the most frequent extracted answer).
+Per subset (``BenchmarkScores.run_stats``), from each item's primary metric in each run: the mean over
+items of the item means (avg@n) and its standard error over items; for code, the unbiased pass@k for
+k <= n; for math, avg@n and maj@n (the most frequent extracted answer). ``.overall`` is the headline's
+estimand (``primary_value``, the paired comparison): every subset weighs the same, so each of its
+numbers is the mean of the subsets' numbers, and its standard error sqrt(sum of se_s^2) / S.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from evaluation.registry import BenchmarkSpec
@@ -57,14 +60,35 @@ def _stats(scorer: str, items: Mapping[str, Sequence[float]],
     return stats
 
 
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def combine_subsets(per_subset: Mapping[str, RunStats]) -> RunStats | None:
+    """The statistics over all subsets, each weighing the same (``primary_value``'s mean of the subsets'
+    means); None when no subset was scored. The standard error of a mean of S independent subset means
+    is sqrt(sum se_s^2) / S, undefined (None) when one subset's is (a subset of one item)."""
+    stats = list(per_subset.values())
+    if not stats:
+        return None
+    errors = [s.stderr for s in stats]
+    stderr = None
+    if all(e is not None for e in errors):
+        stderr = math.sqrt(math.fsum(e * e for e in errors if e is not None)) / len(stats)
+    combined = RunStats(items=sum(s.items for s in stats), num_runs=min(s.num_runs for s in stats),
+                        mean=_mean([s.mean for s in stats]), stderr=stderr)
+    ks = set.intersection(*(set(s.pass_at_k) for s in stats))
+    combined.pass_at_k = {k: _mean([s.pass_at_k[k] for s in stats]) for k in sorted(ks, key=lambda k: int(k[5:]))}
+    if all(s.avg_at_n is not None for s in stats):
+        combined.avg_at_n = combined.mean
+    if all(s.maj_at_n is not None for s in stats):
+        combined.maj_at_n = _mean([s.maj_at_n for s in stats if s.maj_at_n is not None])
+    return combined
+
+
 def run_stats(scorer: str, item_scores: ItemScores, answers: ItemAnswers | None = None,
               ) -> tuple[dict[str, RunStats], RunStats | None]:
-    """Per-subset statistics and those over every item (None when no item was scored)."""
+    """Per-subset statistics and those over all subsets, each weighing the same (None when no item was scored)."""
     per_subset = {subset: _stats(scorer, items, answers.get(subset) if answers else None)
                   for subset, items in item_scores.items() if items}
-    pooled = {f"{subset}/{item}": values for subset, items in item_scores.items() for item, values in items.items()}
-    pooled_answers = None
-    if answers is not None:
-        pooled_answers = {f"{subset}/{item}": votes
-                          for subset, items in answers.items() for item, votes in items.items()}
-    return per_subset, (_stats(scorer, pooled, pooled_answers) if pooled else None)
+    return per_subset, combine_subsets(per_subset)

@@ -30,7 +30,8 @@ def assemble_scores(
     item_scores: ItemScores | None = None,
     answers: ItemAnswers | None = None,
 ) -> BenchmarkScores:
-    """``primary_value`` is the mean of the primary metric over subsets; at most
+    """``primary_value`` is the mean of the primary metric over subsets, every subset weighing the same:
+    the estimand the paired comparison tests (``shared/paired.py``) and the leaderboard ranks; at most
     ``max_error_samples`` errors are kept, drawn with ``random.Random(seed)`` so the same run always
     shows the judge the same samples (the reference's were unseeded). ``item_scores`` (each item's
     primary metric per run) give the statistics over runs (evaluation/runs.py)."""

@@ -16,6 +16,7 @@ from evaluation.catalogue import CATALOGUE
 from evaluation.importer import BenchmarkImportError, import_benchmark, list_benchmarks
 from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, plain_columns
 from shared.settings import Settings
+from shared.statistics import DISAGREEMENTS, POWER, detectable_for_sizes, effective_items
 
 out = console()
 err = console(stderr=True)
@@ -73,14 +74,30 @@ def benchmarks_import(
 
 
 COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "stderr<=", "test",
-           "protocols", "source")
+           "detectable", "protocols", "source")
+POWER_NOTE = ("detectable: the smallest improvement the paired comparison on the validation items finds at "
+              f"{POWER:.0%} power (95%, McNemar's exact test, subsets weighing the same), if "
+              f"{'/'.join(f'{d:.0%}' for d in DISAGREEMENTS)} of the items differ between the two models; "
+              "'none': not even a model better on every differing item would be found")
+
+
+def power_of(info: object) -> dict[str, object]:
+    """What a comparison on the benchmark's default validation split can detect (the JSON's "power")."""
+    sizes = [s["validation"] for s in info.subsets.values()]  # type: ignore[attr-defined]
+    return {"validation_items": sum(sizes), "effective_items": effective_items(sizes), "level": 0.95,
+            "power": POWER, "detectable": {f"{d:g}": detectable_for_sizes(sizes, d) for d in DISAGREEMENTS}}
+
+
+def _detectable(info: object) -> str:
+    found = power_of(info)["detectable"]
+    return "/".join("none" if x is None else f"+{x:.2f}" for x in found.values())  # type: ignore[attr-defined]
 
 
 def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
     rows = []
     for info in infos:
         if info.error:
-            rows.append([info.name, "", "", "", "", "", "", "", "", "", "", f"error: {info.error}"])
+            rows.append([info.name, *[""] * (len(COLUMNS) - 2), f"error: {info.error}"])
             continue
         subsets = info.subsets
         names = ", ".join(subsets) if wide or len(subsets) <= 3 else f"{len(subsets)} subsets"
@@ -88,7 +105,8 @@ def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
                      names, str(sum(s["items"] for s in subsets.values())),
                      str(sum(s["validation"] for s in subsets.values())),
                      f"{info.validation_stderr_max:.3f}" if info.validation_stderr_max is not None else "",
-                     str(sum(s["test"] for s in subsets.values())), ",".join(info.protocols), info.source])
+                     str(sum(s["test"] for s in subsets.values())), _detectable(info), ",".join(info.protocols),
+                     info.source])
     return rows
 
 
@@ -101,13 +119,15 @@ def benchmarks_ls(
         "--json", help="The same as -o json: one JSON array on stdout, an object per benchmark.")] = False,
 ) -> None:
     """Each benchmark: version, scorer, primary metric (of the validation protocol), runs per item, items per
-    subset, split sizes, the validation score's largest standard error (0.5/sqrt(items)), its protocols.
+    subset, split sizes, the validation score's largest standard error (0.5/sqrt(items)), the smallest
+    improvement its validation split can detect at 80% power (if 10%, 20% or 30% of the items differ
+    between the candidate and what it is compared with), its protocols.
 
     Example: ftbus benchmarks ls -o plain"""
     settings = Settings()
     infos = list_benchmarks(settings.assets, settings.bench_max_items)
     if as_json or output == Output.json:
-        print(json.dumps([asdict(i) for i in infos]))
+        print(json.dumps([{**asdict(i), **({"power": power_of(i)} if not i.error else {})} for i in infos]))
         return
     if not infos:
         err.print(f"no benchmarks under {escape(str(settings.assets / 'benchmarks'))}: run `ftbus assets init` (the "
@@ -124,5 +144,7 @@ def benchmarks_ls(
             table.add_row(*(escape(c) for c in row[:-1]),
                           f"[red]{escape(row[-1])}[/]" if row[-1].startswith("error:") else escape(row[-1]))
         out.print(table)
+        err.print(escape(POWER_NOTE), highlight=False)
         return
     sys.stdout.write(plain_columns(COLUMNS, _rows(infos, wide=output == Output.wide)))
+    err.print(escape(POWER_NOTE), highlight=False)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
@@ -25,7 +26,10 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from shared import codec
 from shared.artifacts import upload_dir
 from shared.bus import Bus, NotConnected
+from shared.campaigns import CampaignRecord, CampaignStore
 from shared.events import (
+    CAMPAIGN_NAME,
+    CAMPAIGN_NAME_RULE,
     CancelRequested,
     EvalRequested,
     Progress,
@@ -190,6 +194,12 @@ class FtbusClient:
         except ValueError:  # not a request id that submit could have made (UnsafePath)
             return None
         return RequestStatusView(request_id=request_id, status="queued") if submitted is not None else None
+
+    async def campaign(self, name: str) -> CampaignRecord | None:
+        """The campaign's record (shared/campaigns.py), or None when no candidate of it was judged yet."""
+        if not re.fullmatch(CAMPAIGN_NAME, name):
+            raise ValueError(f"{name!r}: {CAMPAIGN_NAME_RULE}")
+        return await self.bus.guard(CampaignStore(self.bus).get(name))
 
     async def wait(
         self,

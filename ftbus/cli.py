@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
@@ -22,7 +23,17 @@ from rich.markup import escape
 from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, print_columns
 from shared import loop as event_loop
 from shared.bus import Bus, NotConnected, PermissionDenied
-from shared.events import MAX_RUNS, Progress, Report, Stage, TaskSpec, Timeouts, Verdict
+from shared.events import (
+    CAMPAIGN_NAME,
+    CAMPAIGN_NAME_RULE,
+    MAX_RUNS,
+    Progress,
+    Report,
+    Stage,
+    TaskSpec,
+    Timeouts,
+    Verdict,
+)
 from shared.logs import get_logger, setup_logging
 from shared.settings import Settings, load_settings
 
@@ -306,7 +317,7 @@ def submit(
     tasks_file: Annotated[
         Path | None,
         typer.Option("--tasks", help="JSONL, one task a line: {workspace, base_model, benchmark, description, "
-                     "datasets, timeouts, num_runs}; the options above fill what a line leaves out."),
+                     "datasets, timeouts, num_runs, campaign}; the options above fill what a line leaves out."),
     ] = None,
     wait: Annotated[
         bool | None,
@@ -325,6 +336,12 @@ def submit(
                      help="Samples per benchmark item (repeated runs; meaningful with sampling): each item's "
                      "outcome is kept per run, the scores are their mean. Default: the benchmark's num_runs (1)."),
     ] = None,
+    campaign: Annotated[
+        str | None,
+        typer.Option("--campaign", help="The campaign the candidate belongs to (letters, digits, _ and -): it is "
+                     "accepted only if it beats the campaign's incumbent beyond noise, and then becomes the "
+                     "incumbent; the first is compared with the base model. `ftbus campaign NAME` shows it."),
+    ] = None,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:
@@ -338,12 +355,15 @@ def submit(
     reported at once, exit 2, before anything connects or uploads.
 
     Example: ftbus submit examples/lora --base-model tiny-llama --benchmark tiny-sentiment --wait"""
+    if campaign is not None and not re.fullmatch(CAMPAIGN_NAME, campaign):
+        _error(f"--campaign {campaign!r}: {CAMPAIGN_NAME_RULE}")
+        raise typer.Exit(2)
     settings = _settings(config, nats_url)
     timeouts = Timeouts(data_processing=data_timeout, training=train_timeout, benchmark=bench_timeout)
     if tasks_file is not None or len(workspaces or []) > 1:
         _submit_batch(settings, workspaces or [], tasks_file, wait is not False, as_json, timeouts,
                       {"base_model": base_model, "benchmark": benchmark, "description": description,
-                       "datasets": dataset or [], "num_runs": num_runs})
+                       "datasets": dataset or [], "num_runs": num_runs, "campaign": campaign})
         return
     if not workspaces or base_model is None or benchmark is None:
         _error("give a WORKSPACE with --base-model and --benchmark, or --tasks FILE.jsonl")
@@ -352,7 +372,7 @@ def submit(
     wait = bool(wait)
     task = TaskSpec(
         base_model=base_model, benchmark=benchmark, description=description, involving_datasets=dataset or [],
-        num_runs=num_runs,
+        num_runs=num_runs, campaign=campaign,
     )
     _refuse_unless_checked([(workspace, task)], settings)
 
@@ -596,8 +616,8 @@ def compare(
     first: Annotated[str, typer.Argument(help="A request id (the candidate), as printed by submit.")],
     second: Annotated[str, typer.Argument(help="The request id it is compared with.")],
     level: Annotated[float, typer.Option(
-        "--level", help="Confidence level of the interval; the p-value must be below 1 - level to call "
-        "one better.")] = 0.95,
+        "--level", help="Confidence level of the interval, at least 0.9; the p-value must be below 1 - level to "
+        "call one better.")] = 0.95,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the comparison as one JSON object on stdout (difference, interval, p-value, items...).")]
     = False,
@@ -608,18 +628,24 @@ def compare(
     shared validation items (the verdicts' per-item outcomes; never the hidden test split).
 
     It prints the difference FIRST - SECOND of the primary metric (each item's mean over its runs),
-    its confidence interval from a paired bootstrap over items (seeded: the same on every rerun),
-    and the p-value of McNemar's exact test (right/wrong items) or a paired permutation test
-    (graded ones): "FIRST is better than SECOND by +0.12 (95% CI +0.05 to +0.19, p = 0.002,
-    60 items)", or "not distinguishable". Requests without a verdict or per-item outcomes, on
+    with each subset weighing the same (as the headline score does), its confidence interval and the
+    p-value of McNemar's exact test (right/wrong items, subsets of one size) or a paired sign-flip
+    permutation test, the interval built on the same test so that the two never disagree (seeded: the
+    same on every rerun): "FIRST is better than SECOND by +0.12 (95% CI +0.05 to +0.19, p = 0.002,
+    60 items)", or "not distinguishable", and what the comparison could have detected at 80% power.
+    Fewer than 10 items: "too few items to say". Requests without a verdict or per-item outcomes, on
     different benchmarks, with different --num-runs or different items are refused, saying why.
 
     Exit 0 when compared (whatever the result), 2 when refused, on bad usage or no server.
 
     Example: ftbus compare 20260101-120000-1a2b3c4d 20260101-110000-5e6f7a8b --json"""
-    if not 0.0 < level < 1.0:
-        _error(f"--level {level}: a confidence level between 0 and 1 (exclusive), e.g. 0.95")
-        raise typer.Exit(2)
+    from shared.statistics import check_level
+
+    try:
+        check_level(level, "--level")
+    except ValueError as exc:
+        _error(str(exc))
+        raise typer.Exit(2) from None
     settings = _settings(config, nats_url)
 
     async def main() -> int:
@@ -639,6 +665,43 @@ def compare(
 
         out.print(escape(result.summary), highlight=False, soft_wrap=True)
         out.print(escape(describe_details(result)), highlight=False, soft_wrap=True, style="dim")
+        return 0
+
+    _run(main(), settings)
+
+
+@app.command(cls=FlagCommand)
+def campaign(
+    name: Annotated[str, typer.Argument(help="The campaign's name, as given to `submit --campaign`.")],
+    as_json: Annotated[bool, typer.Option(
+        "--json", help='Print the campaign as one JSON object on stdout: its record ("incumbent", "history" of '
+        'judged candidates with their comparisons, "state" of the online procedure, "incumbent_scores") plus '
+        '"incumbents" (the accepted ones, in order) and "next_level".')] = False,
+    config: ConfigOpt = None,
+    nats_url: UrlOpt = None,
+) -> None:
+    """A campaign's incumbent (the accepted candidate that is currently best) and its history: every
+    candidate judged in it, what it was compared with (the incumbent of its moment, or the base model
+    before the first acceptance), at which level, and the decision. Validation data only. Exit 2 for a
+    campaign no candidate of which was judged yet.
+
+    Example: ftbus campaign lora-search --json"""
+    if not re.fullmatch(CAMPAIGN_NAME, name):
+        _error(f"{name!r}: {CAMPAIGN_NAME_RULE}")
+        raise typer.Exit(2)
+    settings = _settings(config, nats_url)
+
+    async def main() -> int:
+        from ftbus.bus_client import FtbusClient
+        from ftbus.campaign_view import render_campaign
+
+        async with await FtbusClient.connect(settings) as client:
+            record = await client.campaign(name)
+        if record is None:
+            _error(f"no campaign {name}: no candidate submitted with --campaign {name} has been judged yet "
+                   "(a campaign is kept record_max_age_s after its last judgement)")
+            return 2
+        render_campaign(out, record, as_json)
         return 0
 
     _run(main(), settings)

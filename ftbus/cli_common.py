@@ -19,7 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 
 #: `ftbus --help` lists the commands in this order: set up, check and submit, follow, read, then the rest.
 WORKFLOW = ("assets", "benchmarks", "up", "check", "submit", "status", "watch", "ls", "logs", "get", "compare",
-            "pull", "cancel", "score", "dashboard", "worker")
+            "campaign", "pull", "cancel", "score", "dashboard", "worker")
 
 
 class _BareFlags:

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftbus.bus_client import FtbusClient, ProgressCallback, WaitTimeout
-from shared.events import MAX_RUNS, Progress, Report, TaskSpec, Timeouts, Verdict
+from shared.campaigns import CampaignRecord
+from shared.events import MAX_RUNS, CampaignName, Progress, Report, TaskSpec, Timeouts, Verdict
 from shared.kv_scan import latest
 from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
@@ -82,10 +83,13 @@ class EvalTask(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     num_runs: int | None = Field(default=None, ge=1, le=MAX_RUNS,
                                  description="samples per benchmark item; default: the benchmark's num_runs")
+    campaign: CampaignName | None = Field(
+        default=None, description="the campaign it belongs to: accepted only if it beats the campaign's incumbent "
+        "beyond noise (docs/judge.md, \"Campaigns\")")
 
     def task_spec(self) -> TaskSpec:
         return TaskSpec(base_model=self.base_model, benchmark=self.benchmark, description=self.description,
-                        involving_datasets=list(self.datasets), num_runs=self.num_runs)
+                        involving_datasets=list(self.datasets), num_runs=self.num_runs, campaign=self.campaign)
 
 
 class Client:
@@ -154,12 +158,16 @@ class Client:
         timeouts: Timeouts | None = None,
         request_id: str | None = None,
         num_runs: int | None = None,
+        campaign: str | None = None,
     ) -> str:
         """Upload the workspace and request its evaluation; return the request id at once. ``num_runs``:
-        samples per benchmark item (default: the benchmark's own, 1 unless its descriptor says)."""
+        samples per benchmark item (default: the benchmark's own, 1 unless its descriptor says).
+        ``campaign``: the campaign it belongs to (letters, digits, ``_`` and ``-``): it is accepted only
+        if it beats the campaign's incumbent beyond noise, and then becomes the incumbent
+        (docs/judge.md, "Campaigns"; :meth:`campaign` shows one)."""
         task = EvalTask(workspace=Path(workspace), base_model=base_model, benchmark=benchmark,
                         description=description, datasets=list(datasets), timeouts=timeouts or Timeouts(),
-                        num_runs=num_runs)
+                        num_runs=num_runs, campaign=campaign)
         return await self.submit_task(task, request_id=request_id)
 
     async def submit_task(self, task: EvalTask, *, request_id: str | None = None) -> str:
@@ -184,10 +192,11 @@ class Client:
         timeouts: Timeouts | None = None,
         timeout_s: float | None = None,
         on_progress: ProgressCallback | None = None,
+        campaign: str | None = None,
     ) -> Verdict:
         """Submit and wait: the async form of :meth:`evaluate`."""
         rid = await self.submit(workspace, base_model=base_model, benchmark=benchmark, description=description,
-                                datasets=datasets, timeouts=timeouts)
+                                datasets=datasets, timeouts=timeouts, campaign=campaign)
         return await self.wait(rid, timeout_s=timeout_s, on_progress=on_progress)
 
     async def aevaluate_many(
@@ -238,6 +247,14 @@ class Client:
 
     async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
         await self.connection.cancel(request_id, reason)
+
+    async def campaign(self, name: str) -> CampaignRecord | None:
+        """A campaign as the judge keeps it (None: no candidate of it was judged yet): its incumbent
+        (``.incumbent``, the accepted request that is currently best), the incumbents in order
+        (``.incumbents``), every judged candidate with its comparison (``.history``) and the online
+        procedure's state (``.state``: tests made, the next level). Blocking:
+        ``Client().run(lambda c: c.campaign(name))``."""
+        return await self.connection.campaign(name)
 
     async def requests(self, status: RequestStatus | Iterable[str] | None = None) -> list[RequestStatusView]:
         """Every request the server remembers (the public status views), oldest first; ``status``
@@ -347,11 +364,12 @@ class Client:
         timeouts: Timeouts | None = None,
         timeout_s: float | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        campaign: str | None = None,
     ) -> Verdict:
         """Submit a workspace, block until its verdict, return it. For scripts and notebooks."""
         return self.run(lambda c: c.aevaluate(
             workspace, base_model=base_model, benchmark=benchmark, description=description, datasets=datasets,
-            timeouts=timeouts, timeout_s=timeout_s, on_progress=on_progress,
+            timeouts=timeouts, timeout_s=timeout_s, on_progress=on_progress, campaign=campaign,
         ))
 
     def evaluate_many(

@@ -107,16 +107,15 @@ def describe_details(result: RequestComparison) -> str:
     """What the sentence rests on: the means, the test, the seed (the terminal's second line)."""
     p = result.paired
     metric = result.primary_metric or "score"
-    test = ("McNemar's exact test" if p.test == "mcnemar" else "a paired permutation test")
+    test = p.method
     if p.test == "mcnemar":
-        test += f" on {p.candidate_only} items only {result.first} got right, {p.baseline_only} only {result.second}"
+        test += f", on {p.candidate_only} items only {result.first} got right, {p.baseline_only} only {result.second}"
     models = result.base_models[0] if result.base_models[0] == result.base_models[1] else " vs ".join(
         result.base_models)
     runs = "1 run" if result.num_runs == 1 else f"{result.num_runs} runs"
     return (f"{result.benchmark} validation, {metric} ({'higher' if p.higher_is_better else 'lower'} is better), "
             f"base model {models}: {result.first} {p.candidate_mean:.4f}, {result.second} {p.baseline_mean:.4f} "
-            f"over {p.items} shared items, {runs} per item; {test}; bootstrap of {p.resamples} resamples, "
-            f"seed {p.seed}")
+            f"over {p.items} shared items, {runs} per item; {test}")
 
 
 async def compare_requests(client: FtbusClient, first: str, second: str, *, level: float = DEFAULT_LEVEL,

@@ -48,8 +48,9 @@ def lm_eval_results(verdict: Verdict, view: RequestStatusView | None, version: i
         row: dict[str, Any] = {"name": name, "alias": subset, "sample_len": n}
         for metric, value in metrics.items():
             row[f"{metric},{FILTER}"] = value
-            stderr = stats.stderr if stats is not None and metric == bench.primary_metric else NO_STDERR
-            row[f"{metric}_stderr,{FILTER}"] = stderr
+            # lm-eval's own "N/A" where there is none: another metric, or one item (no spread to measure).
+            stderr = stats.stderr if stats is not None and metric == bench.primary_metric else None
+            row[f"{metric}_stderr,{FILTER}"] = NO_STDERR if stderr is None else stderr
         results[name] = row
         configs[name] = {
             "task": name, "task_alias": subset, "num_fewshot": 0, "repeats": bench.num_runs,
@@ -62,7 +63,8 @@ def lm_eval_results(verdict: Verdict, view: RequestStatusView | None, version: i
         groups[group] = {
             "name": group, "alias": benchmark, "sample_len": sum(r["sample_len"] for r in results.values()),
             f"{bench.primary_metric},{FILTER}": bench.primary_value,
-            f"{bench.primary_metric}_stderr,{FILTER}": overall.stderr if overall is not None else NO_STDERR,
+            f"{bench.primary_metric}_stderr,{FILTER}": (overall.stderr if overall is not None and overall.stderr
+                                                        is not None else NO_STDERR),
         }
     tasks = sorted(results)
     model_name = f"{base_model}+{verdict.request_id}" if base_model else verdict.request_id

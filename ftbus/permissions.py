@@ -72,7 +72,8 @@ class Topology:
                 s.stream_advisories]
 
     def buckets(self) -> list[str]:
-        return [self.s.kv_requests, self.s.kv_status, *(self.s.kv_stage_results(stage) for stage in self.stages)]
+        return [self.s.kv_requests, self.s.kv_status, self.s.kv_campaigns,
+                *(self.s.kv_stage_results(stage) for stage in self.stages)]
 
     def stores(self) -> list[str]:
         return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private, self.s.object_store_models]
@@ -378,6 +379,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                 status_read,
                 stage_results(Stage.judge),
                 ("artifacts, read only: train.yaml and the stage logs it judges", t.store_read(artifacts)),
+                (f"the campaigns ({s.kv_campaigns}: validation data only): read a candidate's campaign, "
+                 "write it back by compare-and-set (services/judge/decide.py)",
+                 [*t.kv_read(s.kv_campaigns), f"$KV.{s.kv_campaigns}.>"]),
             ],
             deny=[*stage_denies_common, t.deny_bench_results(), t.deny_private(), t.deny_cache(),
                   t.deny_forging()],
@@ -390,7 +394,8 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
         "A user or fine-tuning agent, with the `ftbus` CLI or FtbusClient (connection `ftbus-client`):\n"
         "`ftbus submit` (upload the workspace, publish the request), `ftbus submit --wait` / `ftbus\n"
         "get` / `ftbus watch` (verdicts, progress), `ftbus status` (the public view), `ftbus cancel`,\n"
-        f"`ftbus pull` (the trained outputs, from {models}: the one store it reads).\n"
+        f"`ftbus pull` (the trained outputs, from {models}: the one store it reads), `ftbus campaign\n"
+        "NAME` (a campaign's record, read only).\n"
         "Never reports, the test stream, the full records, the bench results or the private store;\n"
         "and neither reads nor writes the cache store.",
         Rules(
@@ -402,6 +407,8 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                  [f"$JS.API.STREAM.MSG.GET.{s.stream_verdicts}", f"$JS.API.CONSUMER.CREATE.{s.stream_verdicts}",
                   f"$JS.FC.{s.stream_verdicts}.>"]),
                 ("`ftbus status`: the public view (no test data)", t.kv_read(s.kv_status)),
+                (f"`ftbus campaign NAME`: a campaign's record ({s.kv_campaigns}: validation data only), "
+                 "read only (the judge alone writes it)", t.kv_read(s.kv_campaigns)),
                 ("upload the workspace: chunks, metadata (a rollup per name; others' objects\n"
                  "it could overwrite are caught by the sha256 that every event reference\n"
                  "carries), and the \"exists already?\" metadata lookup, by direct get of a\n"
@@ -434,11 +441,11 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     dashboard_reads: list[str] = []
     dashboard_consumers: list[str] = []
     for stream in (s.stream_verdicts, s.stream_reports, s.stream_dlq, t.kv(s.kv_requests), t.kv(s.kv_status),
-                   *(t.obj(o) for o in t.stores())):
+                   t.kv(s.kv_campaigns), *(t.obj(o) for o in t.stores())):
         dashboard_consumers += [f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
                                 f"$JS.FC.{stream}.>"]
     dashboard_reads += [f"$JS.API.STREAM.MSG.GET.{st}" for st in (s.stream_verdicts, s.stream_reports, s.stream_dlq)]
-    for bucket in (s.kv_requests, s.kv_status):
+    for bucket in (s.kv_requests, s.kv_status, s.kv_campaigns):
         dashboard_reads += t.kv_read(bucket)
     for store in t.stores():
         o = t.obj(store)
@@ -447,8 +454,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     dashboard = User(
         "dashboard",
         "Read-only: verdicts, reports (with the hidden test split: dashboards are their one audience),\n"
-        "full records and their public view, progress, dead letters, the four Object Stores (stage\n"
-        "logs; test-split logs in the private store; the caches, for inspection: no purge).\n"
+        "full records and their public view, the campaigns, progress, dead letters, the four Object\n"
+        "Stores (stage logs; test-split logs in the private store; the caches, for inspection: no\n"
+        "purge).\n"
         "Publishes nothing.\n"
         "\n"
         "Its inbox is `_INBOX.dashboard.>`, NOT `_INBOX.ftbus-client.>`: agents may subscribe to\n"
@@ -570,7 +578,7 @@ HEADER = r"""# ftbus: NATS accounts, users and permissions. Included by nats-ser
 # NAMES: this text speaks of the default subject prefix (FTBUS_SUBJECT_PREFIX=ftbus): subjects
 # `ftbus.*`, streams FTBUS_EVENTS, FTBUS_TEST, FTBUS_VERDICTS, FTBUS_REPORTS, FTBUS_DLQ,
 # FTBUS_ADVISORIES; KV buckets ftbus_requests, ftbus_status,
-# ftbus_results_{data,train,bench,judge,aggregate} (streams KV_<bucket>, subjects
+# ftbus_campaigns, ftbus_results_{data,train,bench,judge,aggregate} (streams KV_<bucket>, subjects
 # `$KV.<bucket>.>`); Object Stores ftbus_artifacts, ftbus_cache, ftbus_private and ftbus_models (streams
 # OBJ_<bucket>, subjects `$O.<bucket>.C.*` and `$O.<bucket>.M.*`); durable consumers ftbus-<stage>.
 # For another prefix P, generate the file for it: `python -m ftbus.permissions --prefix P` (every

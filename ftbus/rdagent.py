@@ -51,7 +51,16 @@ from rdagent.scenarios.finetune.train.runner import (
 )
 
 from ftbus.client import Client
-from shared.events import BaselineComparison, BenchmarkScores, FailedStage, Report, TrainingMetrics, Verdict
+from shared.campaigns import campaign_name_from
+from shared.events import (
+    BaselineComparison,
+    BenchmarkScores,
+    CampaignCheck,
+    FailedStage,
+    Report,
+    TrainingMetrics,
+    Verdict,
+)
 
 # RD-Agent's UI finds the runner's feedback under its evaluator's tag.
 LOG_TAG = "evaluator_feedback.FTRunnerEvaluator"
@@ -64,14 +73,25 @@ class FtbusRunnerEvaluator(CoSTEEREvaluator):
     """A drop-in for RD-Agent's ``FTRunnerEvaluator`` that evaluates through ftbus."""
 
     def __init__(self, scen: Any = None, *, client: Client | None = None, timeout_s: float | None = None,
-                 report_timeout_s: float = 120.0) -> None:
+                 report_timeout_s: float = 120.0, campaign: str | None = None) -> None:
         """``client``: which ftbus (default ``Client()``: FTBUS_NATS_URL or the server `ftbus up`
         recorded). ``timeout_s``: give up waiting for a verdict after this long (default: never;
-        ftbus's own stage timeouts and sweeper always end a request)."""
+        ftbus's own stage timeouts and sweeper always end a request). ``campaign``: the campaign its
+        candidates are judged in (default: the setting ``rdagent_campaign``, whose default ``trace``
+        is this RD-Agent run's trace; ``off``: none)."""
         super().__init__(scen)
         self.client = client if client is not None else Client()
         self.timeout_s = timeout_s
         self.report_timeout_s = report_timeout_s
+        self.campaign = campaign
+
+    def campaign_name(self) -> str | None:
+        """The campaign of the next candidate: the one given, else ``rdagent_campaign``: ``trace`` ->
+        this run's trace (:func:`trace_campaign`), ``off`` -> None, another value -> that name."""
+        chosen = self.campaign if self.campaign is not None else self.client.settings.rdagent_campaign
+        if chosen == "off":
+            return None
+        return trace_campaign() if chosen == "trace" else chosen
 
     def evaluate(
         self,
@@ -109,12 +129,15 @@ class FtbusRunnerEvaluator(CoSTEEREvaluator):
     ) -> tuple[Verdict, float | None, Report | None]:
         with tempfile.TemporaryDirectory(prefix="ftbus-rdagent-") as tmp:
             workspace = write_files(Path(tmp), files)
+            campaign = self.campaign_name()
             rid = await client.submit(
                 workspace, base_model=task.base_model, benchmark=task.benchmark,
                 description=getattr(task, "description", "") or "",
                 datasets=list(getattr(task, "involving_datasets", None) or []),
+                campaign=campaign,
             )
-        logger.info(f"ftbus request {rid}: {task.base_model} on {task.benchmark}")
+        logger.info(f"ftbus request {rid}: {task.base_model} on {task.benchmark}"
+                    + (f", campaign {campaign}" if campaign else ""))
         verdict = await client.wait(rid, timeout_s=self.timeout_s)
         view = await client.status(rid)
         timing = view.stages.get("train") if view is not None else None
@@ -154,6 +177,17 @@ class FtbusFinetuneRunner(LLMFinetuneRunner):
             stop_eval_chain_on_fail=True,
             **kwargs,
         )
+
+
+def trace_campaign() -> str | None:
+    """This RD-Agent run's campaign: ``rdagent-<its trace folder's name>``. The trace is the run's log
+    folder (``LOG_TRACE_PATH``, by default ``log/<start time>``), which every loop of the run writes,
+    worker processes included, and which a resumed run takes up again: so a run's candidates, over
+    all its loops, are one campaign, and each must beat the run's incumbent."""
+    path = getattr(getattr(logger, "storage", None), "path", None)
+    if path is None:
+        return None
+    return campaign_name_from(Path(path).name, prefix="rdagent-")
 
 
 async def pull_model_into(client: Client, verdict: Verdict, output: Path) -> None:
@@ -236,6 +270,16 @@ def baseline_comparison(baseline: BaselineComparison | None, scores: BenchmarkSc
     return out
 
 
+def campaign_result(check: CampaignCheck | None) -> dict[str, Any]:
+    """ftbus's own too: the candidate against its campaign's incumbent (empty without a campaign)."""
+    if check is None:
+        return {}
+    paired = check.paired
+    return {"campaign": check.campaign, "incumbent": check.incumbent, "index": check.index, "level": check.level,
+            "better_than_incumbent": check.better, "accepted": check.accepted, "summary": check.summary,
+            "paired_difference": paired.difference if paired else None, "p_value": paired.p_value if paired else None}
+
+
 def training_metrics(metrics: TrainingMetrics) -> dict[str, Any]:
     """RD-Agent's ``extract_loss_history`` and the two losses it derives from it."""
     history = metrics.loss_history
@@ -269,6 +313,9 @@ def apply_verdict(implementation: Any, verdict: Verdict, train_seconds: float | 
         "benchmark": benchmark_result(verdict.result.benchmark),  # agent-visible: SOTA judgment
         "benchmark_test": benchmark_result(report.benchmark_test if report else None),  # UI only
         "training_metrics": training_metrics(verdict.result.training_metrics),
-        # ftbus's own (RD-Agent's readers ignore it): the validation comparison with the base model.
-        "baseline_comparison": baseline_comparison(verdict.result.baseline, verdict.result.benchmark),
+        # ftbus's own (RD-Agent's readers ignore it): the validation comparison with the base model, and
+        # with the campaign's incumbent when there is a campaign.
+        "baseline_comparison": {**baseline_comparison(verdict.result.baseline, verdict.result.benchmark),
+                                **({"campaign": campaign_result(verdict.result.campaign)}
+                                   if verdict.result.campaign is not None else {})},
     }

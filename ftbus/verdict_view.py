@@ -40,6 +40,10 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
         )
         if b.summary:
             lines.append(f"[bold]paired[/]: {escape(b.summary)}")
+    if result.campaign is not None:
+        c = result.campaign
+        state = "became the incumbent" if c.accepted else "refused"
+        lines.append(f"[bold]campaign {escape(c.campaign)}[/] ({state}): {escape(c.summary)}")
     metrics = result.training_metrics
     if metrics.final_loss is not None:
         lines.append(f"[bold]loss[/]: initial {metrics.initial_loss:.4f} -> final {metrics.final_loss:.4f} "

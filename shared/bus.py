@@ -344,6 +344,7 @@ class Bus:
         )
         await self.kv(s.kv_requests)
         await self.kv(s.kv_status)
+        await self.kv(s.kv_campaigns)
         for stage in Stage if stages is None else stages:
             await self.kv(s.kv_stage_results(stage))
         await self.artifacts()

@@ -27,6 +27,10 @@ RequestId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]
 #: in plain strings so that such a stage validates; the pattern keeps a forged event from writing
 #: anything else into a record.
 StageName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+#: A campaign's name: the key of its record in the campaigns bucket (shared/campaigns.py).
+CAMPAIGN_NAME = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"
+CAMPAIGN_NAME_RULE = "a campaign name is letters, digits, '_' and '-', at most 64, starting with a letter or digit"
+CampaignName = Annotated[str, StringConstraints(pattern=rf"^{CAMPAIGN_NAME}$")]
 
 
 def utcnow() -> datetime:
@@ -90,6 +94,9 @@ class TaskSpec(Model):
     name: str = "LLM-Fine-Tuning"
     #: Samples per benchmark item (repeated runs); None: the benchmark's own ``num_runs`` (docs/benchmarks.md).
     num_runs: int | None = Field(default=None, ge=1, le=MAX_RUNS)
+    #: The campaign this candidate belongs to: it must beat the campaign's incumbent beyond noise
+    #: (docs/judge.md, "Campaigns"). None: judged on its own.
+    campaign: CampaignName | None = None
 
 
 class Timeouts(Model):
@@ -299,13 +306,15 @@ class RunStats(Model):
     """The primary metric of a subset's items (or of all items) over repeated runs.
 
     ``mean`` is over items of each item's mean over runs (avg@n), ``stderr`` its standard error over
-    items (the item is the unit of sampling). ``pass_at_k`` (code: the unbiased estimator, k <= n)
-    is keyed ``pass@k``; ``maj_at_n`` (math: whether the most frequent extracted answer is right)."""
+    items (the item is the unit of sampling; None for a single item, whose spread is unknown).
+    ``pass_at_k`` (code: the unbiased estimator, k <= n) is keyed ``pass@k``; ``maj_at_n`` (math:
+    whether the most frequent extracted answer is right). Over all subsets (``overall``), each
+    number is the mean of the subsets' numbers, as ``primary_value`` is."""
 
     items: int
     num_runs: int
     mean: float
-    stderr: float
+    stderr: float | None
     pass_at_k: dict[str, float] = Field(default_factory=dict)
     avg_at_n: float | None = None
     maj_at_n: float | None = None
@@ -332,7 +341,8 @@ class BenchmarkScores(Model):
     #: Each item's primary metric in each run: subset -> item id -> one value (0-1) per run. A
     #: validation split's are the agent's to see; a test split's travel only with the test results.
     item_scores: dict[str, dict[str, list[float]]] = Field(default_factory=dict)
-    #: Per subset, and over every item (``overall``): mean, standard error, pass@k, avg@n, maj@n.
+    #: Per subset, and over all subsets each weighing the same (``overall``, the estimand of
+    #: ``primary_value``): mean, standard error, pass@k, avg@n, maj@n.
     run_stats: dict[str, RunStats] = Field(default_factory=dict)
     overall: RunStats | None = None
     #: The seed the generation ran with (lm-eval's random, numpy and torch seeds).
@@ -389,12 +399,38 @@ class JudgeInfo(Model):
     attempts: int = 0
 
 
+class CampaignCheck(Model):
+    """A candidate against its campaign's incumbent on the same validation items (docs/judge.md,
+    "Campaigns"): the test at the online procedure's level, and whether it became the incumbent."""
+
+    campaign: CampaignName
+    #: Its position among the campaign's tested candidates (1-based); None: no test was made (nothing
+    #: to pair, or another benchmark than the campaign's), so no level was spent.
+    index: int | None = None
+    #: The one-sided level of its test (alpha_i), the campaign's alpha and the procedure's name.
+    level: float | None = None
+    alpha: float
+    procedure: str
+    #: The incumbent's request id; None: none accepted yet, so the candidate is compared with the base model.
+    incumbent: str | None = None
+    #: The paired comparison with the incumbent (or the base model), at the two-sided level 1 - 2 alpha_i.
+    paired: PairedComparison | None = None
+    #: Better than the incumbent beyond noise at alpha_i.
+    better: bool = False
+    #: The comparison in words: "better than the incumbent (ID) by ...", or why none was made.
+    summary: str
+    #: Whether the candidate was accepted, so became the incumbent.
+    accepted: bool = False
+
+
 class VerdictResult(Model):
     benchmark: BenchmarkScores | None = None
     training_metrics: TrainingMetrics = Field(default_factory=TrainingMetrics)
     baseline: BaselineComparison | None = None
     data_stats: DataStats | None = None
     data_cached: bool = False
+    #: The candidate against its campaign's incumbent, when the request named a campaign.
+    campaign: CampaignCheck | None = None
 
 
 class JudgeResult(Event):

@@ -2,7 +2,9 @@
 
 The benchmark stage compares a candidate with its base model; the judge recomputes the comparison
 at its own confidence level; a comparison of two requests uses the same call. Each side's per-item
-value is the item's primary metric averaged over its runs (``BenchmarkScores.item_means``).
+value is the item's primary metric averaged over its runs (``BenchmarkScores.item_means``), and
+every subset weighs the same, as in ``primary_value`` (the mean of the subsets' means): the
+comparison's difference is the headline's difference (docs/benchmarks.md, "One estimand").
 """
 
 from __future__ import annotations
@@ -33,7 +35,20 @@ def compare_scores(
         return None, (f"no paired comparison with {other_name}: {candidate.num_runs} runs per item against "
                       f"{other.num_runs}")
     try:
-        paired = compare_paired(mine, theirs, seed=seed, level=level, higher_is_better=candidate.higher_is_better)
+        paired = compare_paired(mine, theirs, seed=seed, level=level, higher_is_better=candidate.higher_is_better,
+                                strata={key: subset_of(key) for key in mine})
     except ItemsDiffer as exc:
         return None, f"no paired comparison with {other_name}: {exc}"
-    return paired, paired.describe(other_name)
+    return paired, describe_with_power(paired, other_name)
+
+
+def subset_of(key: str) -> str:
+    """The subset of an ``item_means`` key, ``<subset>/<item id>``."""
+    return key.split("/", 1)[0]
+
+
+def describe_with_power(paired: PairedComparison, other_name: str = "the base model") -> str:
+    """The comparison in words, then what it could have detected ("...; with 40 items and 10% of them
+    differing, no improvement is detectable at 80% power")."""
+    power = paired.describe_power()
+    return paired.describe(other_name) + (f"; {power}" if power else "")

@@ -11,13 +11,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from shared.statistics import check_level
 
 if TYPE_CHECKING:
     from shared.events import RunStage
@@ -83,6 +85,15 @@ class Settings(BaseSettings):
         description="The RD-Agent evaluator (ftbus.rdagent) downloads the trained model into the implementation's "
         "workspace output/ after a successful training, where RD-Agent's own evaluator leaves it (`ftbus pull`); "
         "off for loops that do not need the weights.",
+    )
+    rdagent_campaign: str = Field(
+        default="trace",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+        description="The campaign the RD-Agent evaluator (ftbus.rdagent) submits its candidates in: `trace` "
+        "names it after RD-Agent's trace (the run's log folder, LOG_TRACE_PATH: one campaign per RD-Agent "
+        "run, over all its loops, resumed runs included), so that a candidate is accepted only if it beats "
+        "the run's incumbent; `off` judges each candidate on its own; anything else is the campaign's name "
+        "(docs/judge.md, \"Campaigns\").",
     )
     ack_wait_s: float = Field(default=60.0, gt=0, description="Redelivery deadline of an unacked message.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval; keep < ack_wait_s.")
@@ -367,6 +378,17 @@ class Settings(BaseSettings):
         "failures in a burst: about 10% more a second, bench/precheck_burst.py) or the standard asyncio loop.",
     )
 
+
+    @field_validator("judge_confidence_level", mode="before")
+    @classmethod
+    def _level_floor(cls, value: object) -> object:
+        """Below the floor, say why (before pydantic's bare "greater than or equal to 0.9")."""
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return value  # not a number: pydantic says so
+        check_level(number, "judge_confidence_level")
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -108,6 +108,13 @@ class Subjects:
         """The public view of each record (no test data): workers, agents, `ftbus status`."""
         return f"{self.prefix}_status"
 
+    @property
+    def kv_campaigns(self) -> str:
+        """One record per campaign (shared/campaigns.py: the incumbent, its validation scores, the
+        online procedure's state, the history): only validation data. The judge reads and writes it,
+        agents read a campaign (`ftbus campaign NAME`), dashboards read them all."""
+        return f"{self.prefix}_campaigns"
+
     def kv_stage_results(self, stage: str) -> str:
         """One bucket per stage, so NATS permissions can give each stage only its own (the bench
         stage's holds test-split results)."""
@@ -150,6 +157,7 @@ def topology_stream_names(subjects: Subjects) -> list[str]:
         subjects.stream_advisories,
         f"KV_{subjects.kv_requests}",
         f"KV_{subjects.kv_status}",
+        f"KV_{subjects.kv_campaigns}",
         *(f"KV_{subjects.kv_stage_results(stage)}" for stage in Stage),
         f"OBJ_{subjects.object_store}",
         f"OBJ_{subjects.object_store_cache}",

@@ -520,7 +520,7 @@ class MemoryBus:
     # ------------------------------------------------------------------ what Bus offers
 
     async def ensure_topology(self) -> None:
-        for bucket in (self.subjects.kv_requests, self.subjects.kv_status,
+        for bucket in (self.subjects.kv_requests, self.subjects.kv_status, self.subjects.kv_campaigns,
                        *(self.subjects.kv_stage_results(stage) for stage in Stage)):
             await self.kv(bucket)
 

@@ -31,7 +31,7 @@ from starlette.templating import Jinja2Templates
 
 from ftbus.dashboard import views
 from ftbus.dashboard.state import DashboardState
-from shared.events import RequestId
+from shared.events import CAMPAIGN_NAME, RequestId
 from shared.logs import get_logger
 from shared.settings import Settings
 
@@ -61,6 +61,14 @@ def _valid_id(request_id: str) -> str:
     return request_id
 
 
+def _valid_campaign(name: str) -> str:
+    import re
+
+    if not re.fullmatch(CAMPAIGN_NAME, name):
+        raise HTTPException(404, "no such campaign")
+    return name
+
+
 def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> Starlette:
     closing = closing or asyncio.Event()
 
@@ -78,6 +86,21 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
 
     async def dead_letters_page(request: Request) -> Response:
         return page("dead_letters.html", request)
+
+    async def campaigns_page(request: Request) -> Response:
+        return page("campaigns.html", request)
+
+    async def campaign_page(request: Request) -> Response:
+        return page("campaign.html", request, campaign=_valid_campaign(request.path_params["name"]))
+
+    async def api_campaigns(request: Request) -> Response:
+        return JSONResponse({"campaigns": views.campaign_rows(await state.campaigns())})
+
+    async def api_campaign(request: Request) -> Response:
+        record = await state.campaign(_valid_campaign(request.path_params["name"]))
+        if record is None:
+            return JSONResponse({"error": "unknown campaign"}, status_code=404)
+        return JSONResponse(views.campaign_detail(record))
 
     async def api_overview(request: Request) -> Response:
         return JSONResponse(state.overview())
@@ -147,6 +170,10 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
         Route("/requests/{request_id}/logs/{name}", stage_log),
         Route("/leaderboard", leaderboard_page),
         Route("/dead-letters", dead_letters_page),
+        Route("/campaigns", campaigns_page),
+        Route("/campaigns/{name}", campaign_page),
+        Route("/api/campaigns", api_campaigns),
+        Route("/api/campaigns/{name}", api_campaign),
         Route("/api/overview", api_overview),
         Route("/api/requests/{request_id}", api_request),
         Route("/api/leaderboard", api_leaderboard),

@@ -1,8 +1,9 @@
 """The dashboard's NATS side: one read-only connection, named ``dashboard``.
 
 It uses only what the ``dashboard`` user of deploy/nats/accounts.conf may do: watch the full
-records (KV ``ftbus_requests``), subscribe to progress, read consumer and stream info, read single
-messages of the report and dead-letter streams, read the Object Stores. It publishes nothing and
+records (KV ``ftbus_requests``), read the campaigns (KV ``ftbus_campaigns``), subscribe to progress,
+read consumer and stream info, read single messages of the report and dead-letter streams, read the
+Object Stores. It publishes nothing and
 creates nothing (no ``ensure_topology``): a missing bucket is waited for.
 
 Everything the pages show is kept in memory and pushed to the browsers as small notices
@@ -21,14 +22,15 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import nats.errors
-from nats.js.errors import NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from ftbus.dashboard import views
 from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
+from shared.campaigns import CampaignRecord
 from shared.events import DeadLetter, Progress, Report, Stage, Verdict
-from shared.kv_scan import BucketWatch
+from shared.kv_scan import BucketWatch, latest
 from shared.logs import get_logger
 from shared.records import RequestRecord
 from shared.settings import Settings
@@ -360,6 +362,36 @@ class DashboardState:
             verdict=verdict, report=report,
             logs=await self.logs(request_id),
         )
+
+    # ------------------------------------------------------------------ campaigns
+
+    async def campaigns(self) -> list[CampaignRecord]:
+        """Every campaign, read from KV ftbus_campaigns in one pass when a page asks (a handful of records,
+        changed only by the judge); a record that does not decode is left out, with a warning."""
+        assert self.bus is not None
+        bucket = self.bus.subjects.kv_campaigns
+        try:
+            await self.bus.js.key_value(bucket)
+        except BucketNotFoundError:
+            return []  # no ftbus process has created the topology with campaigns yet
+        found = []
+        for change in await latest(self.bus.js, bucket):
+            try:
+                found.append(CampaignRecord.model_validate_json(change.value or b""))
+            except ValueError as exc:
+                log.warning("unreadable campaign", campaign=change.key, error=str(exc))
+        return found
+
+    async def campaign(self, name: str) -> CampaignRecord | None:
+        """One campaign (None: unknown). Read directly, not by ``CampaignStore``, whose ``Bus.kv`` would
+        create a missing bucket: the dashboard creates nothing."""
+        assert self.bus is not None
+        try:
+            kv = await self.bus.js.key_value(self.bus.subjects.kv_campaigns)
+            entry = await kv.get(name)
+        except (BucketNotFoundError, KeyNotFoundError):
+            return None
+        return CampaignRecord.model_validate_json(entry.value) if entry.value else None
 
     def overview(self) -> dict[str, Any]:
         return views.overview(self.records.values(), self.stages, self.dead_letters, self.connection(),

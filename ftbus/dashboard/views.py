@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shared.events import BenchmarkScores, JudgeResult, Progress, Report, Stage, Verdict, VerdictResult
+from shared.campaigns import CampaignRecord
+from shared.events import (
+    BenchmarkScores,
+    CampaignCheck,
+    JudgeResult,
+    Progress,
+    Report,
+    Stage,
+    Verdict,
+    VerdictResult,
+)
 from shared.paired import compare_scores
 from shared.records import RequestRecord
 from shared.retention import rank_key
-from shared.statistics import PairedComparison, intervals_overlap
+from shared.statistics import PairedComparison, effective_items, holm, score_interval
 
 # The order of the stage cards and of the timeline.
 STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
@@ -285,7 +295,7 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
 
 
 def _paired_json(paired: PairedComparison) -> dict[str, Any]:
-    return {**paired.model_dump(mode="json"), "direction": paired.direction}
+    return {**paired.model_dump(mode="json"), "direction": paired.direction, "method": paired.method}
 
 
 def hidden_test_view(scores: BenchmarkScores | None, error: str | None) -> dict[str, Any] | None:
@@ -357,6 +367,44 @@ def request_detail(
         "sandbox": source.sandbox if source is not None else None,
         "llm_usage": llm_usage.model_dump(mode="json", exclude={"calls"}) if llm_usage else None,
         "logs": list(logs),
+        "campaign": _campaign_check_json(result.campaign if result else None),
+    }
+
+
+# ---------------------------------------------------------------------- campaigns
+
+
+def _campaign_check_json(check: CampaignCheck | None) -> dict[str, Any] | None:
+    """The request against its campaign's incumbent, as the judge decided it."""
+    if check is None:
+        return None
+    return {"campaign": check.campaign, "index": check.index, "level": check.level, "incumbent": check.incumbent,
+            "better": check.better, "accepted": check.accepted, "summary": check.summary,
+            "paired": _paired_json(check.paired) if check.paired else None}
+
+
+def campaign_rows(campaigns: Iterable[CampaignRecord]) -> list[dict[str, Any]]:
+    """The campaigns page: one row per campaign, the most recently judged first."""
+    rows = [{"name": c.name, "benchmark": c.benchmark, "base_model": c.base_model, "incumbent": c.incumbent,
+             "incumbents": len(c.incumbents), "judged": len(c.history), "tested": c.state.tests,
+             "next_level": c.state.next_level(), "created_at": _iso(c.created_at), "updated_at": _iso(c.updated_at)}
+            for c in campaigns]
+    return sorted(rows, key=lambda r: (r["updated_at"] or "", r["name"]), reverse=True)
+
+
+def campaign_detail(campaign: CampaignRecord) -> dict[str, Any]:
+    """One campaign: its incumbent, the incumbents in order, and every judged candidate with what it was
+    compared with (the incumbent of its moment, or the base model), at which level, and the decision."""
+    return {
+        **campaign_rows([campaign])[0],
+        "procedure": campaign.procedure,
+        "alpha": campaign.state.alpha,
+        "incumbent_history": [{"request_id": e.request_id, "judged_at": _iso(e.judged_at), "index": e.index}
+                              for e in campaign.incumbents],
+        "history": [{"request_id": e.request_id, "judged_at": _iso(e.judged_at), "index": e.index,
+                     "level": e.level, "incumbent": e.incumbent, "better": e.better, "accepted": e.accepted,
+                     "summary": e.summary, "paired": _paired_json(e.paired) if e.paired else None}
+                    for e in campaign.history],
     }
 
 
@@ -365,31 +413,35 @@ def request_detail(
 LEADERBOARD_COLUMNS = (
     "base_model", "benchmark", "rank", "request_id", "primary_metric", "validation", "ci_low", "ci_high",
     "standing", "tie_basis", "vs_leader_difference", "vs_leader_ci_low", "vs_leader_ci_high", "vs_leader_p_value",
-    "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status", "submitted_at",
+    "vs_leader_level", "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status",
+    "submitted_at",
 )
-#: The level of every interval on the leaderboard; z its normal quantile (mean +- z * stderr).
+#: The level of every interval on the leaderboard, and the family-wise level of its standings.
 LEADERBOARD_LEVEL = 0.95
-_Z = 1.959963984540054
-# Paired comparisons with a leader, by (request, leader): both verdicts are final, so the result is too.
-_PAIRED_CACHE: dict[tuple[str, str], tuple[PairedComparison | None, str]] = {}
+# Paired comparisons with a leader, by (request, leader, level): both verdicts are final, so the result is too.
+_PAIRED_CACHE: dict[tuple[str, str, float], tuple[PairedComparison | None, str]] = {}
 _PAIRED_CACHE_MAX = 4096
 
 
 def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
-    """The mean over items +- 1.96 standard errors, when the scores say both (``overall``)."""
+    """The headline's own 95% interval (``overall``: every subset weighing the same, as in
+    ``primary_value``): Wilson's score interval on the estimand's effective items, which is never a
+    point (16 of 16 right gives [0.81, 1.00], where mean +- 1.96 standard errors gave [1.00, 1.00]).
+    None without ``overall`` or with fewer than two items."""
     overall = scores.overall
     if overall is None or overall.items < 2:
         return None
-    return overall.mean - _Z * overall.stderr, overall.mean + _Z * overall.stderr
+    sizes = [stats.items for stats in scores.run_stats.values()] or [overall.items]
+    return score_interval(overall.mean, effective_items(sizes), LEADERBOARD_LEVEL)
 
 
 def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_scores: BenchmarkScores,
-                        final: bool) -> tuple[PairedComparison | None, str]:
-    key = (rid, leader)
+                        final: bool, level: float = LEADERBOARD_LEVEL) -> tuple[PairedComparison | None, str]:
+    key = (rid, leader, level)
     hit = _PAIRED_CACHE.get(key)  # one lookup: the dashboard computes boards in threads
     if hit is not None:
         return hit
-    result = compare_scores(scores, leader_scores, level=LEADERBOARD_LEVEL, other_name="the leader")
+    result = compare_scores(scores, leader_scores, level=level, other_name="the leader")
     if final:
         if len(_PAIRED_CACHE) >= _PAIRED_CACHE_MAX:
             _PAIRED_CACHE.clear()
@@ -398,29 +450,37 @@ def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_s
 
 
 def _mark_ties(rows: list[dict[str, Any]], scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> None:
-    """Each row's standing against the board's leader (its first row): ``tied`` when the two cannot be told
-    apart, by the paired comparison on their shared items where both have per-item outcomes (the sharper
-    test), else by their own intervals overlapping; ``behind`` (or, rarely, ``ahead``: ranked by the point
-    score, better on the pooled items) beyond noise; None when there is nothing to tell it by."""
+    """Each row's standing against the board's leader (its first row), by the paired comparison on their
+    shared items: ``tied`` when the two cannot be told apart, ``behind`` (or, rarely, ``ahead``) beyond
+    noise, None when they cannot be paired (no per-item outcomes, other items: nothing to tell it by).
+
+    The leader is the best of several noisy scores, so the comparisons with it are one family: Holm's
+    correction keeps the chance of calling any tied row distinguishable at 1 - LEADERBOARD_LEVEL. Each
+    row's interval is at the level Holm tested it at (``vs_leader.level``), so it excludes 0 exactly
+    when the row is called distinguishable."""
     leader = rows[0]
     leader["standing"], leader["tie_basis"], leader["vs_leader"], leader["vs_leader_note"] = "leader", None, None, None
     lid = leader["request_id"]
+    first: dict[str, tuple[PairedComparison | None, str]] = {}
     for row in rows[1:]:
         rid = row["request_id"]
-        paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
+        first[rid] = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
+    family = [rid for rid, (paired, _) in first.items() if paired is not None]
+    _, levels = holm([p.p_value for rid in family if (p := first[rid][0]) is not None], 1.0 - LEADERBOARD_LEVEL)
+    tested_at = dict(zip(family, levels, strict=True))
+    for row in rows[1:]:
+        rid = row["request_id"]
+        paired, words = first[rid]
         row["vs_leader"], row["vs_leader_note"] = None, None
-        if paired is not None:
-            row["vs_leader"] = {**_paired_json(paired), "summary": words}
-            row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
-            row["tie_basis"] = "paired"
+        if paired is None:
+            row["standing"], row["tie_basis"], row["vs_leader_note"] = None, None, words
             continue
-        row["vs_leader_note"] = words
-        mine, theirs = row["interval"], leader["interval"]
-        if mine is None or theirs is None:
-            row["standing"], row["tie_basis"] = None, None
-        else:
-            row["standing"] = "tied" if intervals_overlap(tuple(mine), tuple(theirs)) else "behind"
-            row["tie_basis"] = "intervals"
+        paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid],
+                                            level=1.0 - tested_at[rid])
+        assert paired is not None  # the same two sides paired at 95% pair at any level
+        row["vs_leader"] = {**_paired_json(paired), "summary": words, "comparisons": len(family)}
+        row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
+        row["tie_basis"] = "paired"
 
 
 def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
@@ -498,6 +558,6 @@ def _flat_row(row: dict[str, Any]) -> dict[str, Any]:
     """A leaderboard row with its intervals as plain columns, for the CSV."""
     interval, paired = row.get("interval"), row.get("vs_leader")
     flat = {**row, "ci_low": interval[0] if interval else None, "ci_high": interval[1] if interval else None}
-    for name in ("difference", "ci_low", "ci_high", "p_value", "items"):
+    for name in ("difference", "ci_low", "ci_high", "p_value", "level", "items"):
         flat[f"vs_leader_{name}"] = paired[name] if paired else None
     return flat

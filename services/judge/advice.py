@@ -17,6 +17,7 @@ from typing import Any, Literal
 from services.judge.condense import CondensedLog
 from services.judge.facts import JudgeFacts
 from shared.events import BenchResult, DataResult, FailedStage, Feedback, TrainingMetrics
+from shared.paired import describe_with_power
 from shared.statistics import PairedComparison
 from shared.untrusted import fenced
 
@@ -147,7 +148,8 @@ def _benchmark_lines(event: BenchResult, paired: PairedComparison | None = None)
         diff = base.difference if base.difference is not None else base.candidate_value - base.baseline_value
         lines.append(f"Base model on the same validation split: {_fmt(base.baseline_value)}; difference {diff:+.4g}.")
     if paired is not None:
-        lines.append(f"Paired over the same items, the candidate is {paired.describe()}.")
+        # What the comparison could have found, too: "not distinguishable" on 40 items means little.
+        lines.append(f"Paired over the same items, the candidate is {describe_with_power(paired)}.")
     elif base and base.summary:
         lines.append(f"{base.summary[0].upper()}{base.summary[1:]}.")
     quote = error_sample_quote(event)

@@ -16,6 +16,10 @@ Decision policy (``judge_policy``; docs/judge.md):
     the paired interval over the validation items (at ``judge_confidence_level``) excludes 0 on the
     better side and the p-value is below 1 - level (no paired comparison: not shown, so false);
 
+- a request that names a campaign must also beat the campaign's incumbent (the base model while none
+  is accepted) beyond noise at the online procedure's level, under every policy; the judge then writes
+  the campaign's record by compare-and-set, and tests again against the new incumbent when another
+  candidate was judged in between (docs/judge.md, "Campaigns");
 - without a judge model, or when the LLM is unavailable or never gives a valid answer, the rules
   write the feedback and the policy decides without the LLM's vote; ``JudgeInfo.reason`` says why.
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from services.judge.advice import error_sample_quote, rules_feedback
@@ -38,8 +42,10 @@ from services.judge.facts import JudgeFacts, LogStage, collect_facts, render_raw
 from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
 from services.judge.prompts import build_context, render_system, render_user, templates_for
 from services.judge.rules import JudgedEvent
+from shared.campaigns import CampaignConflict, CampaignStore, check_candidate, record_after, recorded_check
 from shared.events import (
     BenchResult,
+    CampaignCheck,
     DataResult,
     FailedStage,
     Feedback,
@@ -49,6 +55,7 @@ from shared.events import (
     VerdictResult,
 )
 from shared.logs import get_logger
+from shared.paired import describe_with_power
 from shared.settings import Settings
 from shared.untrusted import Fence
 
@@ -81,6 +88,10 @@ def measured_refusal(facts: JudgeFacts, policy: JudgePolicy) -> str | None:
     if policy == "significant" and facts.not_beyond_noise:
         return ("judge_policy=significant requires the candidate to beat the base model beyond noise: "
                 f"{facts.not_beyond_noise}")
+    if facts.campaign is not None and not facts.campaign.better:
+        # Under every policy: a request that names a campaign asks to be measured against its incumbent.
+        return (f"campaign {facts.campaign.campaign} accepts only a candidate that beats its incumbent beyond "
+                f"noise: {campaign_sentence(facts.campaign)}")
     return None
 
 
@@ -122,7 +133,7 @@ def _llm_feedback(outcome: LlmOutcome, facts: JudgeFacts) -> Feedback:
     if facts.paired is not None:
         # The measured comparison, in the feedback whoever wrote it: the agent reads it there.
         return_checking += (f"\n\n[ftbus] Paired with the base model on the same validation items, the candidate "
-                            f"is {facts.paired.describe()}.")
+                            f"is {describe_with_power(facts.paired)}.")
     quote = error_sample_quote(facts.event) if isinstance(facts.event, BenchResult) else None
     if quote:
         # The model's own output, quoted by ftbus inside a fence, as the rules' feedback does: the
@@ -148,12 +159,14 @@ def _verdict_result(event: JudgedEvent) -> VerdictResult:
 
 
 async def judge(
-    event: JudgedEvent, train_yaml: str, logs: Mapping[LogStage, str], settings: Settings
+    event: JudgedEvent, train_yaml: str, logs: Mapping[LogStage, str], settings: Settings,
+    campaigns: CampaignStore | None = None,
 ) -> JudgeResult:
     """Judge one finished request.
 
     ``logs``: each stage's whole log as the handler fetched it, by stage; a stage left out is
-    represented by the log tail its event carries.
+    represented by the log tail its event carries. ``campaigns``: the campaigns bucket, read and
+    written when the request names a campaign (docs/judge.md, "Campaigns").
     """
     if isinstance(event, BenchResult) and event.split != "validation":
         raise ValueError("the judge only accepts validation benchmark results")
@@ -163,7 +176,13 @@ async def judge(
         facts = collect_facts(event, train_yaml, logs, settings)
     else:
         facts = await asyncio.to_thread(collect_facts, event, train_yaml, logs, settings)
-    feedback, info = await _feedback_and_info(facts, settings)
+    written = await _write(facts, settings)
+    check: CampaignCheck | None = None
+    if campaigns is not None and in_campaign(facts):
+        feedback, info, check = await _judge_in_campaign(facts, written, settings, campaigns)
+    else:
+        feedback, info = _finish(facts, written, settings)
+    result = _verdict_result(event)
     return JudgeResult(
         request_id=event.request_id,
         context=event.context,
@@ -171,17 +190,28 @@ async def judge(
         raw_execution=render_raw_execution(facts),
         failed_stage=facts.failed_stage,
         judge=info,
-        result=_verdict_result(event),
+        result=result.model_copy(update={"campaign": check}) if check is not None else result,
         artifacts=[] if isinstance(event, DataResult) else list(event.train.outputs),
         expects_test=isinstance(event, BenchResult),
     )
 
 
-async def _feedback_and_info(facts: JudgeFacts, settings: Settings) -> tuple[Feedback, JudgeInfo]:
-    policy = settings.judge_policy
+@dataclass(frozen=True)
+class Written:
+    """The feedback as its writer (the LLM, or the rules without one) wrote it, before the policy."""
+
+    feedback: Feedback
+    #: The LLM's decision; None without an LLM answer.
+    vote: bool | None
+    kind: Literal["rules", "llm"]
+    #: Why the rules wrote it (no judge model, the LLM unavailable, a pre-check failure).
+    reason: str | None = None
+    attempts: int = 0
+
+
+async def _write(facts: JudgeFacts, settings: Settings) -> Written:
     if facts.failed_stage == FailedStage.precheck:
-        info = JudgeInfo(kind="rules", reason="pre-check failed: nothing ran", rules_decision=False)
-        return rules_feedback(facts), info
+        return Written(rules_feedback(facts), None, "rules", "pre-check failed: nothing ran")
     try:
         if not settings.judge_model:
             raise LlmJudgeUnavailable("no judge model configured")
@@ -193,19 +223,89 @@ async def _feedback_and_info(facts: JudgeFacts, settings: Settings) -> tuple[Fee
         )
     except LlmJudgeUnavailable as exc:
         log.info("judge_rules_fallback", reason=exc.reason)
-        decided = decide(facts, None, policy)
-        feedback = _with_note(rules_feedback(facts), decided, "the rules")
-        reason = exc.reason
+        return Written(rules_feedback(facts), None, "rules", exc.reason)
+    return Written(_llm_feedback(answer, facts), answer.answer.final_decision, "llm", attempts=answer.attempts)
+
+
+def _finish(facts: JudgeFacts, written: Written, settings: Settings) -> tuple[Feedback, JudgeInfo]:
+    """The policy applied to the written feedback: the final decision, and a note when they differ."""
+    feedback = written.feedback
+    if facts.campaign is not None:
+        # The campaign's comparison, in the feedback whoever wrote it: the agent reads it there.
+        feedback = feedback.model_copy(update={
+            "return_checking": f"{feedback.return_checking}\n\n[ftbus] {campaign_sentence(facts.campaign)}"})
+    if facts.failed_stage == FailedStage.precheck:
+        return feedback, JudgeInfo(kind="rules", reason=written.reason, rules_decision=False)
+    decided = decide(facts, written.vote, settings.judge_policy)
+    if written.kind == "rules":
+        reason = written.reason
         if facts.rules.decision and not decided.final:
             reason = f"{reason}; {decided.overrides}"
-        return feedback, JudgeInfo(kind="rules", reason=reason, rules_decision=facts.rules.decision)
-    decided = decide(facts, answer.answer.final_decision, policy)
+        return (_with_note(feedback, decided, "the rules"),
+                JudgeInfo(kind="rules", reason=reason, rules_decision=facts.rules.decision))
     info = JudgeInfo(
         kind="llm",
         model=settings.judge_model,
         reason=None if decided.final else decided.overrides,
         rules_decision=facts.rules.decision,
-        llm_decision=answer.answer.final_decision,
-        attempts=answer.attempts,
+        llm_decision=written.vote,
+        attempts=written.attempts,
     )
-    return _with_note(_llm_feedback(answer, facts), decided, "the LLM"), info
+    return _with_note(feedback, decided, "the LLM"), info
+
+
+# ---------------------------------------------------------------- campaigns
+
+#: Compare-and-set attempts on a campaign record before the judgement is retried as an infrastructure
+#: error (each lost one means another candidate of the campaign was judged in between).
+CAMPAIGN_ATTEMPTS = 50
+
+
+def in_campaign(facts: JudgeFacts) -> bool:
+    """A request that names a campaign and whose rules pass is tested against the campaign's incumbent.
+    A failed run makes no test (its rules refuse it already) and spends none of the campaign's level."""
+    event = facts.event
+    return isinstance(event, BenchResult) and event.context.task.campaign is not None and facts.rules.decision
+
+
+def campaign_sentence(check: CampaignCheck) -> str:
+    """The campaign's comparison in words, for the feedback."""
+    if check.index is None or check.level is None:
+        return f"Campaign {check.campaign}: {check.summary}."
+    return (f"Campaign {check.campaign}, tested candidate #{check.index} (one-sided level {check.level:.4g} of the "
+            f"campaign's {check.alpha:g}, {check.procedure}): the candidate is {check.summary}.")
+
+
+async def _judge_in_campaign(facts: JudgeFacts, written: Written, settings: Settings, campaigns: CampaignStore,
+                             ) -> tuple[Feedback, JudgeInfo, CampaignCheck]:
+    """Test the candidate against the incumbent as the record stands, decide, and write the record back
+    by compare-and-set on the revision read. A lost one means another candidate was judged in between
+    (and perhaps became the incumbent): read again and test against the record as it is now, at its
+    next level. The LLM's vote is kept: it judged this run, not the comparison."""
+    event = facts.event
+    assert isinstance(event, BenchResult)
+    task = event.context.task
+    name = task.campaign
+    assert name is not None
+    for _ in range(CAMPAIGN_ATTEMPTS):
+        record = await campaigns.get(name)
+        recorded = recorded_check(record, event.request_id)
+        if recorded is not None:
+            # A redelivery after the record was written: later candidates were compared with what the
+            # record says, so its decision stands (only the LLM's vote could differ on a second asking).
+            feedback, info = _finish(replace(facts, campaign=recorded), written, settings)
+            if feedback.final_decision != recorded.accepted:
+                feedback = _with_note(feedback, PolicyDecision(recorded.accepted, (
+                    f"campaign {name} recorded this request's decision when it was first judged")), "the judge")
+            return feedback, info, recorded
+        check = check_candidate(record, name, task, event.benchmark, event.baseline)
+        feedback, info = _finish(replace(facts, campaign=check), written, settings)
+        check = check.model_copy(update={"accepted": feedback.final_decision})
+        try:
+            await campaigns.put(record_after(record, event.request_id, task, check, event.benchmark))
+        except CampaignConflict:
+            log.info("campaign_conflict", campaign=name, request_id=event.request_id)
+            continue
+        return feedback, info, check
+    raise RuntimeError(f"campaign {name}: {CAMPAIGN_ATTEMPTS} concurrent judgements won the record's "
+                       "compare-and-set; judging again")

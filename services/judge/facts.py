@@ -27,7 +27,7 @@ from services.judge.rules import (
     paired_at,
     rules_decision,
 )
-from shared.events import BenchResult, DataResult, FailedStage, RunStage, StageOutcome
+from shared.events import BenchResult, CampaignCheck, DataResult, FailedStage, RunStage, StageOutcome
 from shared.settings import Settings
 from shared.statistics import PairedComparison
 from shared.train_yaml import TrainYamlError, load_yaml
@@ -82,6 +82,9 @@ class JudgeFacts:
     config_problem: str | None
     #: The stage's own error message, when it says more than its exit code or timeout.
     stage_report: str | None
+    #: The candidate against its campaign's incumbent, when the request names a campaign and the rules
+    #: pass (set by ``decide.judge`` after reading the campaign: not a fact of the event alone).
+    campaign: CampaignCheck | None = None
 
     @property
     def model_files(self) -> list[str]:

@@ -146,7 +146,7 @@ def _baseline_text(facts: JudgeFacts) -> str | None:
         p = facts.paired
         text += (f". Paired over the same {p.items} items, the candidate is {p.describe()}; "
                  f"{p.level * 100:.0f}% interval of the difference [{p.ci_low:+.4f}, {p.ci_high:+.4f}], "
-                 f"p-value {p.p_value:.4g} ({'McNemar exact' if p.test == 'mcnemar' else 'paired permutation'})")
+                 f"p-value {p.p_value:.4g} ({p.method})")
     elif base.summary:
         text += f". {base.summary}"
     return text

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from runners.base import EXIT_TIMEOUT
 from shared.events import BenchResult, DataResult, FailedStage, StageOutcome, TrainResult
-from shared.paired import compare_scores
+from shared.paired import compare_scores, describe_with_power
 from shared.statistics import PairedComparison
 
 JudgedEvent = DataResult | TrainResult | BenchResult
@@ -197,7 +197,7 @@ def noise_shortfall(event: JudgedEvent, paired: PairedComparison | None, level: 
         return event.baseline.summary or "no paired comparison with the base model"
     if paired.improves(level):
         return None
-    return paired.describe()
+    return describe_with_power(paired)
 
 
 def _num(value: float | None) -> str:

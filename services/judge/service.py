@@ -11,6 +11,7 @@ from __future__ import annotations
 from services.judge.decide import judge
 from services.judge.facts import LogStage, stage_runs
 from shared.artifacts import ArtifactError
+from shared.campaigns import CampaignStore
 from shared.events import ArtifactRef, BenchResult, DataResult, FailedStage, JudgeResult, Stage, TrainResult
 from shared.logs import get_logger
 from shared.runtime import Outgoing, StageContext
@@ -24,12 +25,16 @@ MAX_LOG_BYTES = 16 * 2**20  # a larger log is read from its end: the root cause 
 async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> list[Outgoing]:
     train_yaml = await _train_yaml(event, ctx)
     logs = await stage_logs(event, ctx)
-    result = await judge(event, train_yaml, logs, ctx.settings)
+    # The campaigns bucket only for a request that names a campaign: the others never touch it.
+    campaigns = CampaignStore(ctx.bus) if event.context.task.campaign is not None else None
+    result = await judge(event, train_yaml, logs, ctx.settings, campaigns)
     result = result.model_copy(update={"sandbox": sandboxes_of(event), "llm_usage": event.data.llm_usage})
     # The decision, on this handling's `stage finished` line.
     ctx.tell(final_decision=result.feedback.final_decision, rules_decision=result.judge.rules_decision,
              judge_kind=result.judge.kind, judge_policy=ctx.settings.judge_policy,
-             failed_stage=result.failed_stage)
+             failed_stage=result.failed_stage,
+             campaign=result.result.campaign.campaign if result.result.campaign else None,
+             campaign_accepted=result.result.campaign.accepted if result.result.campaign else None)
     return [Outgoing(ctx.subjects.completed("judge"), result, "completed")]
 
 

@@ -30,7 +30,7 @@ TASKS = {
 }
 
 
-@pytest.mark.timeout(900)  # real training on 2 loaded cores: minutes, not the suite's default 300 s
+@pytest.mark.timeout(1500)  # real training on 2 loaded cores (lora: three candidates): minutes, not 300 s
 @pytest.mark.parametrize("example", ["lora", "full", "gsm8k"])
 async def test_example_passes_for_real(
     example: str, nats_server: EmbeddedServer, real_assets: Path, toolchain_bin: Path, tmp_path: Path
@@ -50,8 +50,10 @@ async def test_example_passes_for_real(
         await pipeline.start()
         seen: list[Progress] = []
         benchmark, dataset, subsets = TASKS[example]
+        # The LoRA example opens a campaign: the null candidate and a copy of it follow in the same one.
+        campaign = f"e2e-{secrets.token_hex(3)}" if example == "lora" else None
         task = TaskSpec(base_model="tiny-llama", benchmark=benchmark, involving_datasets=[dataset],
-                        description="answer the benchmark's questions")
+                        description="answer the benchmark's questions", campaign=campaign)
         rid = await pipeline.client.submit(REPO / "examples" / example, task)
         verdict = await pipeline.client.wait(rid, on_progress=seen.append, timeout_s=900)
 
@@ -84,6 +86,11 @@ async def test_example_passes_for_real(
                 f"better than the base model by +{paired.difference:.2f} (95% CI +"), baseline.summary
             assert bench.num_runs == 1 and bench.overall is not None and bench.overall.items == 40
             assert baseline.baseline.item_ids == bench.item_ids
+            # First in its campaign: compared with the base model (no incumbent yet), accepted, the incumbent.
+            check = verdict.result.campaign
+            assert check is not None and (check.campaign, check.index, check.incumbent) == (campaign, 1, None)
+            assert check.better and check.accepted, check
+            assert check.summary.startswith("better than the base model (no incumbent yet) by +"), check.summary
         model_files = {a.path for a in verdict.artifacts}
         expected = "output/adapter_model.safetensors" if example == "lora" else "output/model.safetensors"
         assert expected in model_files
@@ -102,23 +109,28 @@ async def test_example_passes_for_real(
         assert steps == sorted(steps)
         if example == "lora":
             await _pulled_model_answers_as_scored(pipeline, rid, verdict, real_assets, toolchain_bin, tmp_path)
-            null = await _null_candidate_is_noise(pipeline, tmp_path)
+            assert campaign is not None
+            null = await _null_candidate_is_noise(pipeline, tmp_path, campaign, rid)
             await _compare_says_lora_beats_the_null_candidate(settings, rid, null)
+            copy = await _a_copy_of_lora_is_not_distinguishable_from_it(pipeline, campaign, rid)
+            await _the_campaign_shows_lora_as_its_incumbent(settings, campaign, rid, null, copy)
     finally:
         await pipeline.stop()
 
 
-async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> str:
+async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path, campaign: str, lora: str) -> str:
     """examples/lora with a learning rate of 0 (and 2 steps) learns nothing: its LoRA update stays 0,
     so it answers as the base model does. On the same warm engine and cached baseline, it is reported
-    not distinguishable from the base model and refused by judge_policy=significant. Returns its id."""
+    not distinguishable from the base model and refused by judge_policy=significant; in lora's
+    campaign, it is worse than lora, the incumbent, whose request id the verdict names. Returns its id."""
     workspace = tmp_path / "null"
     shutil.copytree(REPO / "examples" / "lora", workspace)
     config = (workspace / "train.yaml").read_text()
     config = config.replace("learning_rate: 5.0e-3", "learning_rate: 0.0").replace("max_steps: 80", "max_steps: 2")
     assert "learning_rate: 0.0" in config and "max_steps: 2" in config
     (workspace / "train.yaml").write_text(config)
-    task = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"])
+    task = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"],
+                    campaign=campaign)
     null = await pipeline.client.submit(workspace, task)
     verdict = await pipeline.client.wait(null, timeout_s=900)
     assert verdict.status == "completed", verdict.execution
@@ -131,7 +143,46 @@ async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path) -> str:
     assert baseline.summary is not None and baseline.summary.startswith("not distinguishable from the base model")
     assert verdict.judge.reason is not None and "beat the base model beyond noise: not distinguishable" \
         in verdict.judge.reason
+    check = verdict.result.campaign
+    assert check is not None and (check.index, check.incumbent) == (2, lora) and not check.accepted, check
+    assert check.summary.startswith(f"worse than the incumbent {lora} by -"), check.summary
+    assert f"the candidate is worse than the incumbent {lora} by -" in verdict.return_checking
     return null
+
+
+async def _a_copy_of_lora_is_not_distinguishable_from_it(pipeline: Pipeline, campaign: str, lora: str) -> str:
+    """examples/lora again, in its own campaign: trained the same way, it answers as lora does. It beats
+    the base model beyond noise (judge_policy=significant passes), but not the incumbent: refused, as not
+    distinguishable from lora, which the verdict names. Returns its id."""
+    task = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"],
+                    campaign=campaign)
+    copy = await pipeline.client.submit(REPO / "examples" / "lora", task)
+    verdict = await pipeline.client.wait(copy, timeout_s=900)
+    assert verdict.status == "completed", verdict.execution
+    assert verdict.judge is not None and verdict.judge.rules_decision is True
+    assert verdict.final_decision is False, verdict.return_checking
+    baseline = verdict.result.baseline
+    assert baseline is not None and baseline.paired is not None and baseline.paired.improves(), baseline
+    check = verdict.result.campaign
+    assert check is not None and (check.index, check.incumbent) == (3, lora) and not check.better, check
+    assert check.summary.startswith(f"not distinguishable from the incumbent {lora}"), check.summary
+    assert f"the candidate is not distinguishable from the incumbent {lora}" in verdict.return_checking
+    assert verdict.judge.reason is not None and (
+        f"campaign {campaign} accepts only a candidate that beats its incumbent beyond noise") in verdict.judge.reason
+    return copy
+
+
+async def _the_campaign_shows_lora_as_its_incumbent(settings: Settings, campaign: str, lora: str, null: str,
+                                                   copy: str) -> None:
+    """`ftbus campaign NAME --json` (the real CLI): lora the incumbent since it was accepted, then two refusals."""
+    from tests.integration.test_delivery import run_ftbus
+
+    code, out, err = await run_ftbus(settings, "campaign", campaign, "--json")
+    assert code == 0, err[-3000:]
+    shown = json.loads(out)
+    assert shown["incumbent"] == lora and shown["incumbents"] == [lora]
+    assert [(e["request_id"], e["incumbent"], e["accepted"]) for e in shown["history"]] == [
+        (lora, None, True), (null, lora, False), (copy, lora, False)]
 
 
 async def _compare_says_lora_beats_the_null_candidate(settings: Settings, lora: str, null: str) -> None:

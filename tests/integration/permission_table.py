@@ -387,6 +387,9 @@ def build_table() -> list[Op]:
     for bucket, get_who, keys_who, put_who in (
         (S.kv_requests, _users("aggregate", "dashboard"), _users("aggregate", "dashboard"), _users("aggregate")),
         (S.kv_status, _users(*STAGES, "aggregate", "agent", "dashboard"), _users("dashboard"), _users("aggregate")),
+        # Campaigns (validation data only): the judge reads and writes them, an agent reads one
+        # (`ftbus campaign NAME`), dashboards list them; the aggregator only creates the bucket.
+        (S.kv_campaigns, _users("judge", "agent", "dashboard"), _users("dashboard"), _users("judge")),
         *(
             (results[stage], _users(user), _users(), _users(user))
             for stage, user in STAGE_USERS.items()
@@ -438,7 +441,7 @@ async def seed(admin: Bus) -> None:
         if info.state.messages == 0:
             subject = info.config.subjects[0].replace("*", "seed")
             await admin.js.publish(subject, b"{}")
-    for bucket in (S.kv_requests, S.kv_status, *(S.kv_stage_results(stage) for stage in Stage)):
+    for bucket in (S.kv_requests, S.kv_status, S.kv_campaigns, *(S.kv_stage_results(stage) for stage in Stage)):
         await (await admin.kv(bucket)).put(SEED_KEY, SEED_BYTES)
     for store in (S.object_store, S.object_store_cache, S.object_store_private, S.object_store_models):
         await (await admin.js.object_store(store)).put(SEED_OBJECT, SEED_BYTES)

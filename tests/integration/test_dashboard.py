@@ -369,22 +369,34 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     assert best_cells[2] == f"{b.candidate_value:.4f}"
     assert best_cells[5:8] == [f"{b.baseline_value:.4f}", f"{b.difference:+.4f}",
                                f"{reports[best].benchmark_test.primary_value:.4f}"]
-    # Intervals: the leader's own (mean +- 1.96 standard errors); the others' paired difference from the
-    # leader on the same items. Answering half or a third of the items is beyond noise: behind, not tied.
-    overall = verdicts[best].result.benchmark.overall
-    assert overall is not None
-    z = 1.959963984540054
-    assert best_cells[3] == f"[{overall.mean - z * overall.stderr:.4f}, {overall.mean + z * overall.stderr:.4f}]"
+    # Intervals: the leader's own (Wilson's on the estimand's effective items: never a point, though it
+    # answers every item right); the others' paired difference from the leader on the same items.
+    # Answering half or a third of the items is beyond noise: behind, not tied.
+    from shared.statistics import effective_items, score_interval
+
+    leader_bench = verdicts[best].result.benchmark
+    assert leader_bench.overall is not None
+    low, high = score_interval(leader_bench.overall.mean,
+                               effective_items([s.items for s in leader_bench.run_stats.values()]))
+    assert best_cells[3] == f"[{low:.4f}, {high:.4f}]" and low < high
     assert best_cells[4] == "leader"
     standing = await page.eval_on_selector_all(f"{board} tbody tr", "rs => rs.map(r => r.dataset.standing)")
     assert dict(zip(order, standing, strict=True))[best] == "leader"
     from shared.paired import compare_scores
 
+    # Each comparison with the leader is made at the level Holm's correction tested it at (the board's
+    # comparisons with the leader are one family), and that is the interval the row shows.
+    board_rows = {r["request_id"]: r for b in json.loads(
+        await (await page.request.get(env.url + "/api/leaderboard")).text())["boards"] for r in b["rows"]}
+    family = board_rows[middle]["vs_leader"]["comparisons"]
+    assert family == len(order) - 1
     for rid in (middle, weak):
         row = f"{board} tr[data-request-id='{rid}']"
         assert await page.get_attribute(row, "data-standing") == "behind"
         assert await page.get_attribute(row, "data-tie-basis") == "paired"
-        paired, _ = compare_scores(verdicts[rid].result.benchmark, verdicts[best].result.benchmark)
+        level = board_rows[rid]["vs_leader"]["level"]
+        assert 0.95 <= level <= 1 - 0.05 / family + 1e-12
+        paired, _ = compare_scores(verdicts[rid].result.benchmark, verdicts[best].result.benchmark, level=level)
         assert paired is not None and paired.ci_high < 0
         shown = " ".join((await _text(page, f"{row} td.vs-leader")).split())
         assert shown.startswith(f"{paired.difference:+.4f} [{paired.ci_low:+.4f}, {paired.ci_high:+.4f}]"), shown
@@ -442,6 +454,45 @@ async def test_the_leaderboard_marks_a_candidate_inside_the_leaders_noise_as_tie
     far = " ".join((await _text(page, f"{board} tr[data-request-id='{ids['far']}'] td.vs-leader")).split())
     assert far.startswith("-0.5000 [-0.") and "p < 0.001" in far, far
     await page.screenshot(path=str(env.shots / "leaderboard-ties.png"), full_page=True)
+
+
+async def test_campaigns_show_the_incumbent_its_history_and_each_requests_comparison(env: Env, page: Any) -> None:
+    """Three candidates of one campaign, one after the other: the first (every item right) is accepted
+    against the base model, a copy of it is refused as not distinguishable from it, a weaker one as worse."""
+    name = "dash-" + secrets.token_hex(3)
+    task = TASK.model_copy(update={"campaign": name})
+    assert env.pipeline.client is not None
+    rids = []
+    for label, every in (("first", 1), ("copy", 1), ("weaker", 3)):
+        ws = write_workspace(env.tmp / f"ws-{label}-{secrets.token_hex(3)}", train={"standin_accuracy_every": every})
+        rid = await env.pipeline.client.submit(ws, task)
+        assert (await env.verdict(rid)).status == "completed"
+        rids.append(rid)
+    first, copy, weaker = rids
+
+    await page.goto(env.url + "/campaigns")
+    row = f"#campaigns tr[data-campaign='{name}']"
+    await page.wait_for_selector(row, timeout=WAIT_MS)
+    assert await _text(page, f"{row} td.incumbent") == first
+    await page.click(f"{row} a")
+    await page.wait_for_selector(f"#history tr[data-request-id='{weaker}']", timeout=WAIT_MS)
+    assert await _text(page, "#incumbent") == first
+    assert await _rows(page, "#history tbody tr") == rids
+    accepted = await page.eval_on_selector_all("#history tbody tr", "rs => rs.map(r => r.dataset.accepted)")
+    assert accepted == ["true", "false", "false"]
+    reasons = [" ".join(t.split()) for t in await page.eval_on_selector_all(
+        "#history td.reason", "ts => ts.map(t => t.textContent)")]
+    assert reasons[0].startswith("better than the base model (no incumbent yet) by +")
+    assert reasons[1].startswith(f"not distinguishable from the incumbent {first}")
+    assert reasons[2].startswith(f"worse than the incumbent {first} by -")
+    await page.screenshot(path=str(env.shots / "campaign.png"), full_page=True)
+    # The request page: its comparison with the incumbent, linking to the campaign.
+    await page.goto(env.url + f"/requests/{copy}")
+    await page.wait_for_selector("#campaign-section:not([hidden]) #campaign-summary", timeout=WAIT_MS)
+    assert (await _text(page, "#campaign-summary")).startswith(f"not distinguishable from the incumbent {first}")
+    assert await page.get_attribute("#campaign-check a", "href") == f"/campaigns/{name}"
+    missing = await page.request.get(env.url + "/api/campaigns/no-such-campaign")
+    assert missing.status == 404
 
 
 async def test_a_request_that_failed_in_a_stage_says_failed_not_completed_and_rejected(env: Env, page: Any) -> None:

@@ -42,7 +42,10 @@ from tests.integration.permission_table import (
 )
 from tests.integration.secured_nats import REPO, SecuredServer, Violation, config_users
 
-TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="double numbers")
+# In a campaign, so that the judge reads and writes the campaigns bucket as its own user, and the agent
+# reads the campaign (`ftbus campaign NAME`). Every item right: accepted against the base model.
+TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="double numbers",
+                campaign="perm-campaign")
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +111,7 @@ async def one_request(
             tasks.append(asyncio.create_task(run_services(bus, [stage], 1, stop)))
         await asyncio.sleep(0.5)  # the durable consumers exist
         async with await FtbusClient.connect(settings("agent")) as agent:
-            rid = await agent.submit(write_workspace(home / "ws"), TASK)
+            rid = await agent.submit(write_workspace(home / "ws", train={"standin_accuracy_every": 1}), TASK)
             try:
                 verdict = await agent.wait(rid, timeout_s=120)
             except WaitTimeout:
@@ -127,6 +130,8 @@ async def one_request(
 
             with pytest.raises(NotComparable, match="unknown request 20990101-000000-00000000"):
                 await compare_requests(agent, rid, "20990101-000000-00000000")
+            campaign = await agent.campaign("perm-campaign")  # `ftbus campaign NAME`, as the agent
+            assert campaign is not None and campaign.incumbent == rid
         async with await FtbusClient.connect(settings("dashboard", client_name="dashboard")) as dashboard:
             report = await dashboard.wait(rid, timeout_s=60, report=True)
             assert isinstance(report, Report)
@@ -151,6 +156,7 @@ async def test_one_request_through_per_user_workers_has_no_permission_violation(
     verdict, report = one_request.verdict, one_request.report
     assert verdict.status == "completed", verdict.execution
     assert verdict.final_decision is True
+    assert verdict.result.campaign is not None and verdict.result.campaign.accepted  # the judge wrote the record
     assert "benchmark_test" not in verdict.model_dump()
     assert report.benchmark_test is not None and report.benchmark_test.item_ids
     assert one_request.private_test_log

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ftbus import Client
 from shared.settings import Settings
 from tests.fakes.openai_server import FakeOpenAIServer, answer
 from tests.integration.conftest import Pipeline, write_workspace
@@ -83,7 +84,9 @@ async def test_parallel_rdagent_workers_share_one_ftbus_and_get_rdagents_own_sha
     also_good = write_workspace(tmp_path / "also-good", train={"max_steps": 3})
     bad = write_workspace(tmp_path / "bad", script="raise SystemExit('no data today')\n")
 
-    report = await drive(rdagent_python, settings, tmp_path / "rd", "parallel", good, also_good, bad)
+    # Each candidate judged on its own (no campaign): this test is about the shapes RD-Agent reads.
+    report = await drive(rdagent_python, settings, tmp_path / "rd", "parallel", good, also_good, bad,
+                         extra_env={"FTBUS_RDAGENT_CAMPAIGN": "off"})
     runs = report["runs"]
     # Three RD-Agent worker processes (not the parent), one ftbus.
     assert len({r["pid"] for r in runs}) == 3 and report["parent_pid"] not in {r["pid"] for r in runs}
@@ -139,7 +142,7 @@ async def test_one_evaluation_feeds_rdagents_readers_and_the_report_fills_benchm
     # Report credentials: here the server has no users, so the plain URL may read reports.
     report = await drive(rdagent_python, settings, tmp_path / "rd", "one", ws,
                          extra_env={"FTBUS_REPORT_NATS_URL": str(settings.nats_url), "FTBUS_RDAGENT_PULL_MODEL": "0",
-                                    **llm_env})
+                                    "FTBUS_RDAGENT_CAMPAIGN": "off", **llm_env})
     run = report["run"]
     assert run["final_decision"] is True, run["execution"]
     assert run["output_files"] is None  # rdagent_pull_model off: the weights stay in ftbus
@@ -175,6 +178,35 @@ async def test_one_evaluation_feeds_rdagents_readers_and_the_report_fills_benchm
     assert test["error_samples"]
     for sample in test["error_samples"]:
         assert sample["question"] not in prompt
+
+
+async def test_an_rdagent_run_is_a_campaign_named_after_its_trace(
+    pipeline: Pipeline, settings: Settings, rdagent_python: Path, tmp_path: Path
+) -> None:
+    """By default (rdagent_campaign=trace) the evaluator submits every candidate of one RD-Agent run in
+    the campaign of its trace: the first is compared with the base model and accepted, an identical
+    second one is refused as not distinguishable from the first, which the verdict names."""
+    await pipeline.start()
+    # The stand-in model answers every validation item right with standin_accuracy_every 1: far beyond noise.
+    first = write_workspace(tmp_path / "first", train={"standin_accuracy_every": 1})
+    copy = write_workspace(tmp_path / "copy", train={"standin_accuracy_every": 1})
+    trace = tmp_path / "rd" / "log" / "run-2026_01-01"
+    report = await drive(rdagent_python, settings, tmp_path / "rd", "campaign", first, copy,
+                         extra_env={"LOG_TRACE_PATH": str(trace), "FTBUS_RDAGENT_PULL_MODEL": "0"})
+    assert report["campaign"] == "rdagent-run-2026_01-01"
+    accepted, refused = report["runs"]
+    assert accepted["final_decision"] is True, accepted["return_checking"]
+    check = accepted["result"]["baseline_comparison"]["campaign"]
+    assert check["campaign"] == "rdagent-run-2026_01-01" and check["incumbent"] is None and check["accepted"]
+    assert refused["final_decision"] is False
+    against = refused["result"]["baseline_comparison"]["campaign"]
+    async with Client(settings=settings) as client:
+        record = await client.campaign("rdagent-run-2026_01-01")
+    assert record is not None and len(record.history) == 2
+    incumbent = record.history[0].request_id
+    assert [e.request_id for e in record.incumbents] == [incumbent] and record.incumbent == incumbent
+    assert against["incumbent"] == incumbent and not against["accepted"]
+    assert f"not distinguishable from the incumbent {incumbent}" in refused["return_checking"]
 
 
 async def test_ft_runner_selects_ftbus_and_a_workspace_without_train_yaml_sends_nothing(

@@ -142,6 +142,14 @@ def main() -> int:
         report["run"] = observe(fb, ws)
         if fb.final_decision:
             report["readers"] = readers(ws, fb)
+    elif case == "campaign":
+        # One RD-Agent run evaluating candidates one after the other: its trace is their campaign.
+        report["campaign"] = evaluator.campaign_name()
+        report["runs"] = []
+        for folder in folders:
+            ws = workspace_from(Path(folder))
+            fb = evaluator.evaluate(task(), ws, None)
+            report["runs"].append(observe(fb, ws))
     elif case == "no-yaml":
         ws = workspace_from(Path(folders[0]))
         ws.file_dict.pop("train.yaml", None)

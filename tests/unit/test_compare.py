@@ -51,7 +51,8 @@ def test_better_beyond_noise_in_words_with_mcnemars_exact_p() -> None:
     assert p.candidate_only == 10 and p.baseline_only == 0
     assert 0 < p.ci_low <= 0.5 <= p.ci_high <= 1
     assert result.summary == (f"A is better than B by +0.50 (95% CI {p.ci_low:+.2f} to {p.ci_high:+.2f}, "
-                              "p = 0.002, 20 items)")
+                              "p = 0.002, 20 items); with 20 items and 50% of them differing, the smallest "
+                              f"improvement detectable at 80% power is {p.detectable:+.2f}")
     assert result.benchmark == "tiny-arith" and result.base_models == ("tiny-llama", "tiny-llama")
     # The other way round: worse, by the same amount.
     back = compare_verdicts(b, a)
@@ -59,7 +60,8 @@ def test_better_beyond_noise_in_words_with_mcnemars_exact_p() -> None:
     assert back.paired.ci_high < 0
     details = describe_details(result)
     assert "A 1.0000, B 0.5000 over 20 shared items, 1 run per item" in details
-    assert "McNemar's exact test on 10 items only A got right, 0 only B" in details
+    assert ("McNemar's exact test, with the exact interval built on the same binomial test, on 10 items only A "
+            "got right, 0 only B") in details
     # Reproducible: the same comparison twice gives the same interval.
     assert compare_verdicts(a, b).paired == p
 
@@ -71,7 +73,8 @@ def test_a_difference_inside_the_noise_is_not_distinguishable() -> None:
     result = compare_verdicts(a, b)
     assert result.paired.ci_low <= 0 <= result.paired.ci_high
     assert re.fullmatch(r"A is not distinguishable from B \(difference \+0\.03, 95% CI -?\+?0\.\d\d to \+0\.\d\d, "
-                        r"p = 1\.000, 30 items\)", result.summary), result.summary
+                        r"p = 1\.000, 30 items\); with 30 items and 3% of them differing, no improvement is "
+                        r"detectable at 80% power", result.summary), result.summary
 
 
 def test_graded_items_from_repeated_runs_use_the_permutation_test_at_the_level_asked() -> None:
@@ -145,6 +148,10 @@ def test_cli_help_explains_and_a_bad_level_is_a_usage_error() -> None:
     assert "Exit 0 when compared" in text and "2 when refused" in text and "--level" in text and "--json" in text
     bad = runner.invoke(app, ["compare", "A", "B", "--level", "1.5"])
     assert bad.exit_code == 2
-    assert "--level 1.5: a confidence level between 0 and 1" in " ".join(bad.output.split())
+    assert "--level 1.5 is not a confidence level: a number below 1, at least 0.9" in " ".join(bad.output.split())
+    # Below the floor: refused before anything connects, saying why.
+    low = runner.invoke(app, ["compare", "A", "B", "--level", "0.5"])
+    assert low.exit_code == 2
+    assert "--level 0.5 is below the floor of 0.9: at such a level noise passes" in " ".join(low.output.split())
     missing = runner.invoke(app, ["compare", "A"])
     assert missing.exit_code == 2

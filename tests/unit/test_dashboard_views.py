@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from ftbus.dashboard import views
 from ftbus.dashboard.state import Hub, redact
 from shared.events import (
@@ -221,6 +223,44 @@ def test_request_detail_says_what_sandbox_the_code_ran_in_and_what_its_llm_calls
 # ---------------------------------------------------------------------- intervals and ties on the leaderboard
 
 
+def wilson_by_inversion(share: float, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson's interval by its definition, not its closed form: every p whose score test accepts the
+    observed share, |share - p| <= z sqrt(p (1 - p) / n), found on a fine grid and refined by bisection."""
+    def accepts(p: float) -> bool:
+        return abs(share - p) <= z * (p * (1 - p) / n) ** 0.5
+
+    grid = [i / 20000 for i in range(20001)]
+    inside = [p for p in grid if accepts(p)]
+
+    def edge(outside: float, inside_p: float) -> float:
+        for _ in range(60):
+            mid = (outside + inside_p) / 2
+            outside, inside_p = (outside, mid) if accepts(mid) else (mid, inside_p)
+        return inside_p
+
+    low = inside[0] if inside[0] == 0.0 else edge(inside[0] - 1 / 20000, inside[0])
+    high = inside[-1] if inside[-1] == 1.0 else edge(inside[-1] + 1 / 20000, inside[-1])
+    return low, high
+
+
+def test_a_rows_own_interval_is_never_a_point() -> None:
+    """Every item right: mean +- 1.96 standard errors was [1.0000, 1.0000]; Wilson's interval is not."""
+    perfect = itemised("own-perfect", [1.0] * 16, minute=1)
+    rows = views.leaderboard([perfect])[0]["rows"]
+    lo, hi = rows[0]["interval"]
+    assert hi == 1.0 and lo < 0.85 and (lo, hi) == pytest.approx(wilson_by_inversion(1.0, 16), abs=1e-5)
+    # Subsets weighing the same count as their effective items (Kish: 1 / sum w^2): 10 and 6 items -> 15.
+    two = itemised("own-two", [1.0] * 10, minute=2)
+    bench = two.verdict.result.benchmark
+    from shared.events import RunStats
+
+    bench.run_stats = {"a": RunStats(items=10, num_runs=1, mean=1.0, stderr=0.0),
+                       "b": RunStats(items=6, num_runs=1, mean=0.5, stderr=0.2)}
+    bench.overall = RunStats(items=16, num_runs=1, mean=0.75, stderr=0.1)
+    (row,) = views.leaderboard([two])[0]["rows"]
+    assert tuple(row["interval"]) == pytest.approx(wilson_by_inversion(0.75, 15), abs=1e-5)
+
+
 def itemised(rid: str, outcomes: list[float], *, minute: int = 0, ids: list[str] | None = None) -> RequestRecord:
     """A completed request whose verdict has per-item outcomes (one run each) and their mean and stderr."""
     from shared.events import RunStats
@@ -251,7 +291,7 @@ def test_a_candidate_inside_the_noise_of_the_leader_is_tied_by_the_paired_compar
     assert behind["summary"].startswith("worse than the leader by -0.50")
     # Each row's own interval: the mean over items +- 1.96 standard errors.
     lo, hi = rows[0]["interval"]
-    assert lo < 0.75 < hi and abs((hi - lo) / 2 - 1.96 * (0.75 * 0.25 / 39) ** 0.5) < 1e-3
+    assert (lo, hi) == pytest.approx(wilson_by_inversion(0.75, 40), abs=1e-5)
     # The exports carry the same: the CSV as plain columns.
     csv_rows = list(csv.DictReader(io.StringIO(views.leaderboard_csv(views.leaderboard([far, close, leader])))))
     assert [r["standing"] for r in csv_rows] == ["leader", "tied", "behind"]
@@ -260,17 +300,17 @@ def test_a_candidate_inside_the_noise_of_the_leader_is_tied_by_the_paired_compar
     assert float(csv_rows[0]["ci_low"]) == lo and float(csv_rows[0]["ci_high"]) == hi
 
 
-def test_without_shared_items_the_tie_falls_back_on_overlapping_intervals() -> None:
+def test_without_shared_items_a_row_has_no_standing() -> None:
     leader = itemised("lb2-lead", [1.0] * 16 + [0.0] * 4, minute=1)
-    # Other items (another version of the benchmark, say): no pairing, so the two intervals decide.
+    # Other items (another version of the benchmark, say): no pairing, and overlapping intervals are no test.
     overlapping = itemised("lb2-near", [1.0] * 14 + [0.0] * 6, minute=2, ids=[f"x{i}" for i in range(20)])
     apart = itemised("lb2-apart", [1.0] * 1 + [0.0] * 19, minute=3, ids=[f"y{i}" for i in range(20)])
     unknown = completed("lb2-plain", 0.1, minute=4)  # no per-item outcomes and no standard error
     rows = views.leaderboard([leader, overlapping, apart, unknown])[0]["rows"]
     by_id = {r["request_id"]: r for r in rows}
-    assert by_id["lb2-near"]["standing"] == "tied" and by_id["lb2-near"]["tie_basis"] == "intervals"
-    assert "0 shared" in by_id["lb2-near"]["vs_leader_note"] and by_id["lb2-near"]["vs_leader"] is None
-    assert by_id["lb2-apart"]["standing"] == "behind" and by_id["lb2-apart"]["tie_basis"] == "intervals"
+    for rid in ("lb2-near", "lb2-apart"):
+        assert by_id[rid]["standing"] is None and by_id[rid]["tie_basis"] is None and by_id[rid]["vs_leader"] is None
+        assert "0 shared" in by_id[rid]["vs_leader_note"] and by_id[rid]["interval"] is not None
     assert by_id["lb2-plain"]["standing"] is None and by_id["lb2-plain"]["interval"] is None
     assert "has no per-item outcomes" in by_id["lb2-plain"]["vs_leader_note"]
 
@@ -288,3 +328,62 @@ def test_the_request_page_has_the_paired_comparison_with_the_base_model_in_words
     assert shown["paired"]["difference"] == 0.5 and shown["paired"]["items"] == 20
     assert shown["paired"]["direction"] == "better" and shown["paired"]["test"] == "mcnemar"
     assert views.request_detail(completed("lb3-none", 0.5))["validation"]["paired"] is None
+
+
+def _closed_testing(p_values: list[float], alpha: float) -> list[bool]:
+    """Holm's rejections by their definition, independently: the closure of Bonferroni tests. H_i is
+    rejected iff every intersection hypothesis that contains it is, i.e. for every subset S holding i,
+    min over S of p_j < alpha / |S| (every subset enumerated)."""
+    from itertools import combinations
+
+    k = len(p_values)
+    rejected = []
+    for i in range(k):
+        others = [j for j in range(k) if j != i]
+        rejected.append(all(min(p_values[j] for j in (i, *subset)) < alpha / (1 + len(subset))
+                            for size in range(k) for subset in combinations(others, size)))
+    return rejected
+
+
+def test_holm_rejects_what_closed_testing_rejects_and_its_levels_say_so() -> None:
+    import random
+
+    from shared.statistics import holm
+
+    rng = random.Random(36)
+    for _ in range(400):
+        k = rng.randint(1, 6)
+        p = [rng.choice((rng.random() * 0.06, rng.random())) for _ in range(k)]
+        rejected, levels = holm(p, 0.05)
+        assert rejected == _closed_testing(p, 0.05), p
+        # Each p is tested at its level: rejected exactly when below it (the board's intervals rely on it).
+        assert [pi < level for pi, level in zip(p, levels, strict=True)] == rejected, (p, levels)
+        assert all(0.05 / k <= level <= 0.05 for level in levels)
+
+
+def test_the_leaderboard_corrects_its_comparisons_with_the_leader_for_multiplicity() -> None:
+    """One row loses 6 discordant items to the leader and wins none: McNemar's p = 2/64 = 0.031. Alone
+    against the leader it is behind at 95%; among four comparisons with the leader, Holm tests it at
+    0.05 / 4 and it is tied, its interval (at that level) holding 0."""
+    leader = [1.0] * 40 + [0.0] * 20
+    worse = [0.0] * 6 + [1.0] * 34 + [0.0] * 20  # 6 of the leader's right items wrong
+    alone = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2)])
+    (row,) = alone[0]["rows"][1:]
+    assert row["standing"] == "behind" and row["vs_leader"]["p_value"] == pytest.approx(2 / 64)
+    assert row["vs_leader"]["level"] == pytest.approx(0.95) and row["vs_leader"]["comparisons"] == 1
+    # Three more candidates, identical to the leader (p = 1): now four comparisons in the family.
+    copies = [itemised(f"h-copy{i}", leader, minute=3 + i) for i in range(3)]
+    crowded = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies])
+    by_id = {r["request_id"]: r for r in crowded[0]["rows"]}
+    shown = by_id["h-worse"]["vs_leader"]
+    assert by_id["h-worse"]["standing"] == "tied" and shown["comparisons"] == 4
+    assert shown["level"] == pytest.approx(1 - 0.05 / 4)  # the smallest p of four: Bonferroni's level
+    assert shown["ci_low"] <= 0.0 <= shown["ci_high"] and shown["p_value"] == pytest.approx(2 / 64)
+    assert all(by_id[f"h-copy{i}"]["standing"] == "tied" for i in range(3))
+    # Far behind stays behind whatever the family: p = 2 / 2^30, below 0.05 / 5.
+    far = [0.0] * 30 + [1.0] * 10 + [0.0] * 20
+    five = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies,
+                              itemised("h-far", far, minute=9)])
+    rows = {r["request_id"]: r for r in five[0]["rows"]}
+    assert rows["h-far"]["standing"] == "behind" and rows["h-far"]["vs_leader"]["ci_high"] < 0
+    assert rows["h-far"]["vs_leader"]["level"] == pytest.approx(1 - 0.05 / 5)

@@ -89,4 +89,4 @@ def test_the_llm_prompt_gets_the_interval_and_p_value(tmp_path: Path) -> None:
     prompt = render_user(build_context(facts, Fence()))
     assert "Paired over the same 60 items, the candidate is better than the base model by +0.42" in prompt
     assert "95% interval of the difference [+0." in prompt
-    assert "(McNemar exact)" in prompt
+    assert "(McNemar's exact test, with the exact interval built on the same binomial test)" in prompt

@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 from shared.statistics import (
     ItemsDiffer,
     compare_paired,
-    intervals_overlap,
     majority_correct,
     mcnemar_exact,
     mean_stderr,
-    paired_bootstrap,
     paired_permutation,
     pass_at_k,
+    sign_flip_inverted,
 )
 
 
@@ -59,47 +58,47 @@ def correlated_binary(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return candidate.astype(float), baseline.astype(float)
 
 
-def test_bootstrap_interval_matches_the_analytic_one_on_many_items() -> None:
-    candidate, baseline = correlated_binary(4000, seed=7)
+def test_inverted_interval_matches_the_analytic_one_on_many_items() -> None:
+    # Graded, symmetric differences: the inverted sign-flip test's interval is the t interval, near enough.
+    rng = np.random.default_rng(7)
+    baseline = rng.random(2000) * 0.8
+    candidate = np.clip(baseline + 0.1 + rng.normal(0, 0.1, 2000), 0, 1)
     diffs = candidate - baseline
     half = 1.96 * diffs.std(ddof=1) / math.sqrt(diffs.size)
-    mean, low, high = paired_bootstrap(list(candidate), list(baseline), seed=1)
+    mean, p, low, high = sign_flip_inverted(list(diffs), [1.0] * diffs.size, seed=1)
     assert mean == pytest.approx(diffs.mean(), abs=1e-12)
-    assert abs(low - (diffs.mean() - half)) < 0.005
-    assert abs(high - (diffs.mean() + half)) < 0.005
-    assert 0.05 < mean < 0.15  # the designed 0.1 gap, so the data are what the test means them to be
+    assert p < 0.001
+    assert abs(low - (diffs.mean() - half)) < 0.002
+    assert abs(high - (diffs.mean() + half)) < 0.002
 
 
-def test_bootstrap_chunks_give_the_same_draws_as_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sign_flip_chunks_give_the_same_draws_as_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
     import shared.statistics as statistics
 
-    candidate, baseline = correlated_binary(50, seed=3)
-    whole = paired_bootstrap(list(candidate), list(baseline), seed=5, resamples=1000)
-    monkeypatch.setattr(statistics, "_CHUNK_ELEMENTS", 50 * 7)  # 7 resamples a chunk, the last one partial
-    assert paired_bootstrap(list(candidate), list(baseline), seed=5, resamples=1000) == whole
+    diffs = list(np.random.default_rng(3).normal(0.05, 0.3, 50))
+    whole = sign_flip_inverted(diffs, [1.0] * 50, seed=5, resamples=1000)
+    monkeypatch.setattr(statistics, "_CHUNK_ELEMENTS", 50 * 7)  # 7 patterns a chunk, the last one partial
+    assert sign_flip_inverted(diffs, [1.0] * 50, seed=5, resamples=1000) == whole
 
 
 def test_same_seed_same_answers_and_a_different_seed_differs() -> None:
-    candidate, baseline = correlated_binary(300, seed=11)
     # Graded scores from one distribution, so p is well inside (0, 1); 300 non-zero differences: Monte Carlo.
     graded = np.random.default_rng(12).random((2, 300))
     graded_c, graded_b = list(graded[0]), list(graded[1])
-    first = paired_bootstrap(list(candidate), list(baseline), seed=42)
-    assert paired_bootstrap(list(candidate), list(baseline), seed=42) == first
-    assert paired_bootstrap(list(candidate), list(baseline), seed=43) != first
     p = paired_permutation(graded_c, graded_b, seed=42)
     assert paired_permutation(graded_c, graded_b, seed=42) == p
     assert paired_permutation(graded_c, graded_b, seed=43) != p  # Monte Carlo: the seed matters
     assert 0.0 < p < 1.0
     pair = scores(graded_c), scores(graded_b)
     assert compare_paired(*pair, seed=9) == compare_paired(*pair, seed=9)
+    assert compare_paired(*pair, seed=9) != compare_paired(*pair, seed=10)
 
 
-def test_bootstrap_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="length"):
-        paired_bootstrap([1.0, 0.0], [1.0], seed=0)
+def test_compare_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        paired_bootstrap([], [], seed=0)
+        compare_paired({}, {})
+    with pytest.raises(ValueError, match="level"):
+        compare_paired({"a": 1.0}, {"a": 0.0}, level=1.0)
 
 
 def pass_at_k_by_enumeration(n: int, c: int, k: int) -> float:
@@ -128,7 +127,7 @@ def test_pass_at_k_known_values_and_errors() -> None:
 def test_mean_stderr() -> None:
     mean, err = mean_stderr([0, 1, 1, 1])
     assert mean == pytest.approx(0.75) and err == pytest.approx(0.25)
-    assert mean_stderr([0.4]) == (0.4, 0.0)
+    assert mean_stderr([0.4]) == (0.4, None)  # one value says nothing about the spread
     with pytest.raises(ValueError):
         mean_stderr([])
 
@@ -202,8 +201,9 @@ def test_compare_null_cases_are_indistinguishable() -> None:
     same = scores([1.0, 0.0, 1.0, 1.0] * 15)
     identical = compare_paired(same, same)
     assert identical.p_value == 1.0 and identical.direction == "indistinguishable"
+    # No item differs: the interval is the bound on a difference that 0 of 60 disagreements leave, not a point.
     assert identical.describe() == (
-        "not distinguishable from the base model (difference +0.00, 95% CI +0.00 to +0.00, p = 1.000, 60 items)"
+        "not distinguishable from the base model (difference +0.00, 95% CI -0.10 to +0.10, p = 1.000, 60 items)"
     )
     candidate, baseline = discordant(11, 9, both_right=100, both_wrong=80)
     tiny = compare_paired(scores([float(x) for x in candidate]), scores([float(x) for x in baseline]))
@@ -211,7 +211,7 @@ def test_compare_null_cases_are_indistinguishable() -> None:
     assert tiny.ci_low < 0.0 < tiny.ci_high
     assert tiny.describe().startswith("not distinguishable from the base model (difference +0.01, 95% CI -")
     one = compare_paired({"a": 1.0}, {"a": 0.0})
-    assert one.describe().endswith(", p = 1.000, 1 item)")
+    assert one.describe().startswith("too few items to say against the base model (1 item, fewer than 10:")
 
 
 def test_compare_graded_values_use_the_permutation_test() -> None:
@@ -253,11 +253,3 @@ def test_beyond_noise_at_another_level_uses_only_the_p_value() -> None:
     result = compare_paired(scores([float(x) for x in candidate]), scores([float(x) for x in baseline]))
     assert 0.01 < result.p_value < 0.05 and result.ci_low > 0.0
     assert result.beyond_noise() and not result.beyond_noise(level=0.99)
-
-
-def test_intervals_overlap() -> None:
-    assert intervals_overlap((0.1, 0.3), (0.2, 0.4))
-    assert intervals_overlap((0.1, 0.3), (0.3, 0.4))  # closed: a shared end point is an overlap
-    assert intervals_overlap((0.0, 1.0), (0.4, 0.5))
-    assert not intervals_overlap((0.1, 0.3), (0.31, 0.4))
-    assert not intervals_overlap((0.5, 0.6), (0.1, 0.2))

@@ -10,18 +10,18 @@
   // A paired difference or interval end, signed as the verdict's words sign it (+0.0000 too).
   function sg(x) { return (x >= 0 ? "+" : "") + FT.num(x); }
 
-  // Against the leader: the paired difference and its interval on the shared items, or why there is none.
+  // Against the leader: the paired difference and its interval on the shared items, or why there is none
+  // (no pairing, no standing: two intervals overlapping is no test of the difference).
   function vsLeader(r) {
     if (r.standing === "leader") return el("span", { class: "badge yes", text: "leader" });
     const p = r.vs_leader;
     const badge = r.standing === "tied" ? el("span", { class: "badge muted", text: "tied" }) : null;
-    if (!p) {
-      const basis = r.tie_basis === "intervals" ? (r.standing === "tied" ? "intervals overlap" : "intervals apart") : "–";
-      return el("span", { title: r.vs_leader_note || "" }, badge, " ", el("span", { class: "muted", text: basis }));
-    }
+    if (!p) return el("span", { title: r.vs_leader_note || "" }, el("span", { class: "muted", text: "not paired" }));
     const pText = p.p_value < 0.001 ? "p < 0.001" : `p = ${p.p_value.toFixed(3)}`;
+    // Holm's level for this row, when the board has more than one comparison with the leader.
+    const level = p.comparisons > 1 ? ` at ${(p.level * 100).toFixed(1)}%` : "";
     return el("span", { title: p.summary }, badge, " ", sg(p.difference),
-      ` [${sg(p.ci_low)}, ${sg(p.ci_high)}] `, el("span", { class: "muted", text: `${pText}, ${p.items} items` }));
+      ` [${sg(p.ci_low)}, ${sg(p.ci_high)}]${level} `, el("span", { class: "muted", text: `${pText}, ${p.items} items` }));
   }
 
   function board(b) {
@@ -30,13 +30,13 @@
       el("h2", {}, el("span", { text: b.base_model }), " on ", el("span", { text: b.benchmark }),
         el("small", { class: "scorer", text: ` ${b.primary_metric || "score"} (scorer ${b.scorer || "–"}) · ${arrow} · ${b.rows.length} candidates` })),
       el("table", { class: "grid lb" },
-        el("thead", {}, el("tr", {}, ...["#", "request", "validation", "95% interval", "vs leader (paired, 95% CI)", "baseline", "difference", "test (hidden)",
+        el("thead", {}, el("tr", {}, ...["#", "request", "validation", "95% interval", "vs leader (paired, Holm-corrected 95%)", "baseline", "difference", "test (hidden)",
           "training", "decision"].map((h) => el("th", { text: h })))),
         el("tbody", {}, ...b.rows.map((r) => el("tr", { "data-request-id": r.request_id, "data-rank": r.rank,
           "data-standing": r.standing || "", "data-tie-basis": r.tie_basis || "", class: r.standing === "tied" ? "tied" : null },
           // A candidate tied with the leader shares its rank: a difference inside the noise ranks nothing.
           el("td", { class: "rank", text: r.standing === "tied" ? "=1" : r.rank,
-            title: r.standing === "tied" ? "tied with the leader: not distinguishable at 95%" : null }),
+            title: r.standing === "tied" ? "tied with the leader: not distinguishable at 95% family-wise (Holm over the board's comparisons with the leader)" : null }),
           el("td", {}, el("a", { href: "/requests/" + encodeURIComponent(r.request_id), text: r.request_id })),
           el("td", { class: "num val", text: FT.num(r.validation) }),
           el("td", { class: "num interval", text: interval(r) }),

@@ -73,8 +73,8 @@
     if (!p) return summary ? el("p", { class: "muted", id: "paired-summary", text: summary }) : null;
     const cls = p.direction === "better" ? "up" : p.direction === "worse" ? "down" : "";
     const pText = p.p_value < 0.001 ? "< 0.001" : p.p_value.toFixed(3);
-    const test = p.test === "mcnemar" ? `McNemar's exact test (${p.candidate_only} items only the candidate got right, ${p.baseline_only} only the base model)`
-      : "paired permutation test";
+    const test = p.test === "mcnemar" ? `${p.method} (${p.candidate_only} items only the candidate got right, ${p.baseline_only} only the base model)`
+      : p.method;
     return el("div", { id: "paired", "data-direction": p.direction },
       el("p", { id: "paired-summary", class: "paired " + cls, text: summary || "" }),
       el("table", { class: "grid", id: "paired-table" },
@@ -84,7 +84,7 @@
           el("td", { class: "num ci", text: `${sg(p.ci_low)} to ${sg(p.ci_high)}` }),
           el("td", { class: "num p", text: pText }),
           el("td", { class: "num items", text: p.items }),
-          el("td", { class: "muted", text: `${test}; bootstrap seed ${p.seed}` })))));
+          el("td", { class: "muted", text: test })))));
   }
 
   function testTable(t) {
@@ -171,6 +171,15 @@
     if (d.validation) FT.fill(document.getElementById("validation"), ...scoresTable(d.validation));
     if (d.test) FT.fill(document.getElementById("test"), ...testTable(d.test));
     if (d.feedback) FT.fill(document.getElementById("feedback"), ...feedback(d.feedback, d.judge));
+    const c = d.campaign;
+    document.getElementById("campaign-section").hidden = !c;
+    if (c) {
+      FT.fill(document.getElementById("campaign-check"),
+        el("a", { href: "/campaigns/" + encodeURIComponent(c.campaign), text: c.campaign }),
+        el("span", { class: "muted", text: c.index ? ` · tested #${c.index} at one-sided level ${c.level.toPrecision(3)} · ` : " · " }),
+        el("span", { class: "badge " + (c.accepted ? "yes" : "no"), text: c.accepted ? "became the incumbent" : "refused" }),
+        " ", el("span", { id: "campaign-summary", text: c.summary }));
+    }
     if (d.data_stats || d.llm_usage) {
       FT.fill(document.getElementById("data"), ...(d.data_stats ? dataStats(d.data_stats, d.data_cached) : []),
         d.llm_usage ? llmUsage(d.llm_usage) : null);

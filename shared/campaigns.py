@@ -1,0 +1,208 @@
+"""Campaigns: the candidates an agent submits under one name, and the incumbent among them.
+
+One record per campaign in the KV bucket ``<prefix>_campaigns`` (key: the campaign's name): the
+incumbent (the accepted request that is currently best) with its validation scores (per-item
+outcomes: what the next candidate is paired with), the online procedure's state
+(shared/online_testing.py) and the history of every candidate judged in it. Only validation data:
+agents may read it (`ftbus campaign NAME`).
+
+The judge reads the record, tests the candidate against the incumbent at the procedure's next
+level (:func:`check_candidate`), decides, and writes the record back with a compare-and-set on the
+revision it read (:func:`record_after`, :meth:`CampaignStore.put`). A lost compare-and-set means
+another candidate of the campaign was judged in between: the judge reads the record again and
+tests against the new incumbent, at the new next level (docs/judge.md, "Campaigns").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import datetime
+
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.events import (
+    BaselineComparison,
+    BenchmarkScores,
+    CampaignCheck,
+    TaskSpec,
+    utcnow,
+)
+from shared.online_testing import PROCEDURE, OnlineState, two_sided_level
+from shared.paired import BOOTSTRAP_SEED, compare_scores, describe_with_power
+from shared.statistics import PairedComparison
+from shared.subjects import Subjects
+
+
+def campaigns_bucket(subjects: Subjects) -> str:
+    """The campaigns' KV bucket: the judge reads and writes it, agents read a campaign, dashboards all."""
+    return subjects.kv_campaigns
+
+
+def campaign_name_from(text: str, prefix: str = "") -> str:
+    """A valid campaign name (``shared.events.CAMPAIGN_NAME``) for ``text``, e.g. a folder's name: every
+    other character becomes ``-``; a name longer than 64 keeps its start and a hash of the whole, so
+    two long texts that share their start stay two campaigns."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", f"{prefix}{text}").strip("-_") or "campaign"
+    if len(name) > 64:
+        name = f"{name[:55]}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return name
+
+
+class CampaignConflict(RuntimeError):
+    """The record changed since it was read: another candidate of the campaign was judged first."""
+
+
+class CampaignEntry(BaseModel):
+    """One judged candidate of a campaign."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    judged_at: datetime = Field(default_factory=utcnow)
+    #: Its test's position and one-sided level; None when no test was made (no level spent).
+    index: int | None = None
+    level: float | None = None
+    #: The incumbent it was compared with; None: the base model.
+    incumbent: str | None = None
+    paired: PairedComparison | None = None
+    better: bool = False
+    accepted: bool = False
+    summary: str
+
+
+class CampaignRecord(BaseModel):
+    """A campaign: its benchmark and base model (fixed by its first candidate), the procedure's state,
+    the incumbent with its validation scores, and the history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    benchmark: str
+    base_model: str
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    procedure: str = PROCEDURE
+    state: OnlineState = Field(default_factory=OnlineState)
+    incumbent: str | None = None
+    #: The incumbent's validation scores, without its error samples (model text the pairing does not need).
+    incumbent_scores: BenchmarkScores | None = None
+    history: list[CampaignEntry] = Field(default_factory=list)
+    #: The bucket's revision this record was read at (0: not stored yet); not stored itself.
+    revision: int = Field(default=0, exclude=True)
+
+    def entry(self, request_id: str) -> CampaignEntry | None:
+        return next((e for e in self.history if e.request_id == request_id), None)
+
+    @property
+    def incumbents(self) -> list[CampaignEntry]:
+        """The accepted candidates in order: the incumbent's history (the last one is the incumbent)."""
+        return [e for e in self.history if e.accepted]
+
+
+def _check_of(record: CampaignRecord, entry: CampaignEntry) -> CampaignCheck:
+    return CampaignCheck(campaign=record.name, index=entry.index, level=entry.level, alpha=record.state.alpha,
+                         procedure=record.procedure, incumbent=entry.incumbent, paired=entry.paired,
+                         better=entry.better, summary=entry.summary, accepted=entry.accepted)
+
+
+def recorded_check(record: CampaignRecord | None, request_id: str) -> CampaignCheck | None:
+    """This request's check as the campaign recorded it (a redelivered judgement), or None."""
+    entry = record.entry(request_id) if record is not None else None
+    return _check_of(record, entry) if record is not None and entry is not None else None
+
+
+def check_candidate(record: CampaignRecord | None, name: str, task: TaskSpec, scores: BenchmarkScores | None,
+                    baseline: BaselineComparison | None) -> CampaignCheck:
+    """The candidate (its validation ``scores``, its comparison with the base model) against the
+    campaign's incumbent, at the procedure's next level; with no incumbent yet, against the base model.
+    ``better`` says whether it wins beyond noise; ``accepted`` is left False for the judge to decide."""
+    state = record.state if record is not None else OnlineState()
+    common = {"campaign": name, "alpha": state.alpha, "procedure": record.procedure if record else PROCEDURE}
+    incumbent = record.incumbent if record is not None else None
+    common["incumbent"] = incumbent
+    if record is not None and (record.benchmark, record.base_model) != (task.benchmark, task.base_model):
+        return CampaignCheck(**common, summary=(
+            f"not compared: campaign {name} is on {record.benchmark} with base model {record.base_model}, "
+            f"this candidate on {task.benchmark} with {task.base_model}"))
+    if scores is None:
+        return CampaignCheck(**common, summary="not compared: no validation scores")
+    level = state.next_level()
+    if incumbent is None or record is None or record.incumbent_scores is None:
+        other, other_name = (baseline.baseline if baseline is not None else None), "the base model (no incumbent yet)"
+        if other is None:
+            return CampaignCheck(**common, summary=f"not compared: no baseline of the base model was measured, and "
+                                                   f"campaign {name} has no incumbent yet")
+    else:
+        other, other_name = record.incumbent_scores, f"the incumbent {incumbent}"
+    seed = baseline.paired.seed if baseline is not None and baseline.paired is not None else BOOTSTRAP_SEED
+    paired, words = compare_scores(scores, other, level=two_sided_level(level), seed=seed, other_name=other_name)
+    if paired is None:
+        return CampaignCheck(**common, summary=f"not compared: {words}")
+    return CampaignCheck(**common, index=state.next_index(), level=level, paired=paired, better=paired.improves(),
+                         summary=describe_with_power(paired, other_name))
+
+
+def record_after(record: CampaignRecord | None, request_id: str, task: TaskSpec, check: CampaignCheck,
+                 scores: BenchmarkScores | None) -> CampaignRecord:
+    """The campaign once ``check`` is decided (``check.accepted``): its entry appended, the procedure's
+    state advanced when a test was made, and the candidate made the incumbent when accepted."""
+    assert task.campaign is not None
+    updated = (record.model_copy(deep=True) if record is not None
+               else CampaignRecord(name=task.campaign, benchmark=task.benchmark, base_model=task.base_model))
+    updated.revision = record.revision if record is not None else 0
+    updated.history.append(CampaignEntry(request_id=request_id, index=check.index, level=check.level,
+                                         incumbent=check.incumbent, paired=check.paired, better=check.better,
+                                         accepted=check.accepted, summary=check.summary))
+    if check.index is not None:
+        updated.state = updated.state.after(accepted=check.accepted)
+    if check.accepted:
+        assert scores is not None
+        updated.incumbent = request_id
+        updated.incumbent_scores = scores.model_copy(update={"error_samples": []})
+    updated.updated_at = utcnow()
+    return updated
+
+
+class CampaignStore:
+    """The campaigns bucket: read a record with its revision, write one by compare-and-set."""
+
+    def __init__(self, bus: object) -> None:
+        self._bus = bus  # a shared.bus.Bus, or the tests' in-memory one
+
+    async def _kv(self) -> object:
+        return await self._bus.kv(campaigns_bucket(self._bus.subjects))  # type: ignore[attr-defined]
+
+    async def get(self, name: str) -> CampaignRecord | None:
+        kv = await self._kv()
+        try:
+            entry = await kv.get(name)  # type: ignore[attr-defined]
+        except KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        record = CampaignRecord.model_validate_json(entry.value)
+        record.revision = entry.revision
+        return record
+
+    async def put(self, record: CampaignRecord) -> CampaignRecord:
+        """Write ``record`` if the stored one is still at ``record.revision`` (0: none stored); raise
+        :class:`CampaignConflict` otherwise. Returns the record with its new revision."""
+        kv = await self._kv()
+        data = record.model_dump_json().encode()
+        try:
+            if record.revision == 0:
+                revision = await kv.create(record.name, data)  # type: ignore[attr-defined]
+            else:
+                revision = await kv.update(record.name, data, last=record.revision)  # type: ignore[attr-defined]
+        except KeyWrongLastSequenceError as exc:
+            raise CampaignConflict(record.name) from exc
+        except BadRequestError as exc:
+            # nats-py reports a create of an existing key as a bad request naming the wrong last sequence.
+            if "wrong last sequence" in str(exc).lower():
+                raise CampaignConflict(record.name) from exc
+            raise
+        stored = record.model_copy()
+        stored.revision = revision
+        return stored
