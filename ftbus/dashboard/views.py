@@ -282,6 +282,8 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
     return {
         "primary_metric": bench.primary_metric,
         "scorer": bench.scorer,
+        # Which protocol produced the numbers (docs/benchmarks.md, "Protocols").
+        "protocol": bench.protocol,
         "notes": list(bench.notes),
         "higher_is_better": bench.higher_is_better,
         "candidate_value": bench.primary_value,
@@ -311,6 +313,7 @@ def hidden_test_view(scores: BenchmarkScores | None, error: str | None) -> dict[
     return {
         "primary_metric": scores.primary_metric if scores else None,
         "primary_value": scores.primary_value if scores else None,
+        "protocol": scores.protocol if scores else None,
         "rows": rows,
         "error": error,
     }
@@ -492,6 +495,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
     better: dict[tuple[str, str], bool] = {}
     metric: dict[tuple[str, str], str | None] = {}
     scorer: dict[tuple[str, str], str | None] = {}
+    protocol: dict[tuple[str, str], str] = {}
     for record in records:
         result = verdict_result(record)
         if record.task is None or result is None or result.benchmark is None:
@@ -506,6 +510,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
         better[key] = result.benchmark.higher_is_better
         metric[key] = result.benchmark.primary_metric
         scorer[key] = result.benchmark.scorer
+        protocol[key] = result.benchmark.protocol
         scores[record.request_id], final[record.request_id] = result.benchmark, record.terminal
         interval = _own_interval(result.benchmark)
         boards.setdefault(key, []).append({
@@ -533,6 +538,7 @@ def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
             "benchmark": key[1],
             "primary_metric": metric[key],
             "scorer": scorer[key],
+            "protocol": protocol[key],
             "higher_is_better": better[key],
             "rows": rows,
         })

@@ -271,7 +271,7 @@ async def test_request_page_draws_the_loss_curve_live_then_complete(env: Env, pa
                              f"{metrics['exact_match'] - base_value:+.4f}"]
     # Which scorer made those numbers (tiny-arith: lm-eval's exact match).
     assert bench.scorer == "exact"
-    assert await _text(page, "#validation-scorer") == "scorer: exact"
+    assert await _text(page, "#validation-scorer") == "scorer: exact · protocol: validation"
     # The paired comparison with the base model on the same items: its words, difference, interval, p, items.
     paired = base.paired
     assert paired is not None and base.summary is not None

@@ -99,6 +99,15 @@ def test_leaderboard_ranks_by_validation_per_base_model_and_benchmark() -> None:
     assert rows[0]["baseline"] == 0.25 and rows[0]["difference"] == 0.9 - 0.25
     assert rows[0]["test"] == 0.7 and rows[1]["test"] is None
     assert rows[0]["train_s"] == 30.0
+    assert boards[0]["protocol"] == "validation", "the board says which protocol produced its numbers"
+
+
+def test_the_request_page_says_which_protocol_produced_each_split_s_numbers() -> None:
+    record = completed("r1", 0.5, test=0.4)
+    result = views.verdict_result(record)
+    assert views.validation(result)["protocol"] == "validation"  # type: ignore[index]
+    test = views.hidden_test_view(views.hidden_test_scores(record), None)
+    assert test is not None and test["protocol"] == "validation"
 
 
 def test_leaderboard_lower_is_better_ranks_ascending() -> None:

@@ -28,7 +28,7 @@
     const arrow = b.higher_is_better ? "higher is better" : "lower is better";
     return el("section", { class: "board", "data-base-model": b.base_model, "data-benchmark": b.benchmark },
       el("h2", {}, el("span", { text: b.base_model }), " on ", el("span", { text: b.benchmark }),
-        el("small", { class: "scorer", text: ` ${b.primary_metric || "score"} (scorer ${b.scorer || "–"}) · ${arrow} · ${b.rows.length} candidates` })),
+        el("small", { class: "scorer", text: ` ${b.primary_metric || "score"} (scorer ${b.scorer || "–"}, protocol ${b.protocol || "–"}) · ${arrow} · ${b.rows.length} candidates` })),
       el("table", { class: "grid lb" },
         el("thead", {}, el("tr", {}, ...["#", "request", "validation", "95% interval", "vs leader (paired, Holm-corrected 95%)", "baseline", "difference", "test (hidden)",
           "training", "decision"].map((h) => el("th", { text: h })))),

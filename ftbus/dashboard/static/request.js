@@ -59,7 +59,7 @@
         el("tfoot", {}, el("tr", {}, el("td", { text: "primary" }), el("td", { text: v.primary_metric || "–" }),
           el("td", { class: "num", text: FT.num(v.candidate_value) }), el("td", { class: "num", text: FT.num(v.baseline_value) }),
           el("td", { class: "num " + (v.difference > 0 ? "up" : v.difference < 0 ? "down" : ""), text: FT.signed(v.difference) })))),
-      el("p", { class: "scorer", id: "validation-scorer", text: "scorer: " + (v.scorer || "–") }),
+      el("p", { class: "scorer", id: "validation-scorer", text: "scorer: " + (v.scorer || "–") + " · protocol: " + (v.protocol || "–") }),
       pairedComparison(v.paired, v.summary),
       ...(v.notes || []).map((n) => el("p", { class: "note", text: n })),
     ];
@@ -96,6 +96,7 @@
           el("td", { text: r.subset }), el("td", { text: r.metric }), el("td", { class: "num", text: FT.num(r.value) })))),
         el("tfoot", {}, el("tr", {}, el("td", { text: "primary" }), el("td", { text: t.primary_metric || "–" }),
           el("td", { class: "num", text: FT.num(t.primary_value) })))));
+      out.push(el("p", { class: "scorer", id: "test-protocol", text: "protocol: " + (t.protocol || "–") }));
     }
     if (t.error) out.push(el("p", { class: "err", text: t.error }));
     return out;
