@@ -133,7 +133,10 @@ def score_model(settings: Settings, benchmark: str, model: str, *, protocol: str
     with tempfile.TemporaryDirectory(prefix="ftbus-score-") as scratch:
         run_dir = Path(workdir) if workdir is not None else Path(scratch)
         if protocol == "validation":
-            return _validation(settings, spec, pretrained, peft, label, run_dir, toolchain, use_chat)
+            result = _validation(settings, spec, pretrained, peft, label, run_dir, toolchain, use_chat, limit)
+            if limit is not None:
+                result.notes.append(f"a quick look (--limit {limit}): not the benchmark's validation numbers")
+            return result
         try:
             ref = reference_task(benchmark)
             run = run_reference([spec], run_dir, toolchain_bin=toolchain, pretrained=pretrained, peft=peft,
@@ -154,7 +157,7 @@ def score_model(settings: Settings, benchmark: str, model: str, *, protocol: str
 
 
 def _validation(settings: Settings, spec: Any, pretrained: Path, peft: Path | None, label: str, run_dir: Path,
-                toolchain: Path, chat: bool) -> ReferenceResult:
+                toolchain: Path, chat: bool, limit: int | None = None) -> ReferenceResult:
     """The pipeline's own protocol on any model: the validation split, its prompts, the model's sampling."""
     from evaluation.grading import grade_split
     from evaluation.inference import inference_for
@@ -163,7 +166,8 @@ def _validation(settings: Settings, spec: Any, pretrained: Path, peft: Path | No
     from evaluation.scorers import extracted_answer
     from evaluation.splits import make_split, split_items
 
-    manifest = make_split(spec, "validation", settings.bench_max_items)
+    cap = settings.bench_max_items if limit is None else min(limit, settings.bench_max_items)
+    manifest = make_split(spec, "validation", cap)
     inference = inference_for(settings, pretrained)
     model = ModelSelection("lora" if peft else "base", pretrained, peft)
     run = prepare_lm_eval_run(spec, manifest, run_dir, lm_eval=toolchain / "lm_eval", model=model,
