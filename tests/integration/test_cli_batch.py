@@ -117,7 +117,8 @@ async def test_submit_a_jsonl_of_tasks_shows_one_summary(
 async def test_logs_follow_waits_for_a_running_stage(pipeline: Pipeline, settings: Settings, tmp_path: Path) -> None:
     await pipeline.start()
     pid_file = tmp_path / "trainer.pid"
-    ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 40,
+    # 40 s of training: `logs --follow` starts (a CLI process on a loaded machine) well before it ends.
+    ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 80,
                                                  "standin_pid_file": str(pid_file)})
     code, out, err = await run_ftbus(settings, "submit", str(ws), *TASK_OPTS)
     assert code == 0, err

@@ -165,7 +165,9 @@ async def test_answer_that_never_validates(server: FakeOpenAIServer, tmp_path: P
 
 async def test_500_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
     server.default = error(500, "upstream exploded")
-    settings = make_settings(tmp_path, server, judge_time_budget_s=4.0, judge_request_timeout_s=2.0)
+    # A budget that holds both backoffs (1 s, 2 s) and three answers on a loaded machine: the last
+    # error must be the 500, not a request cut short by the budget.
+    settings = make_settings(tmp_path, server, judge_time_budget_s=10.0, judge_request_timeout_s=4.0)
     started = time.monotonic()
     result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, {"training": OOM_LOG}, settings)
     assert time.monotonic() - started < 60  # bounded by the budget, with room for a loaded machine
