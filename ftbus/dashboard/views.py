@@ -141,7 +141,7 @@ def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
 
 
 def latest_progress(record: RequestRecord, seen: Progress | None) -> Progress | None:
-    """The newer of the record's last progress (written at most once a second) and the last one
+    """The newer of the record's last progress (as the aggregator wrote it) and the last one
     the dashboard received itself."""
     if record.terminal:
         return None
