@@ -61,10 +61,6 @@ from shared.untrusted import Fence
 
 log = get_logger("ftbus.judge")
 
-#: Logs and config up to this many characters in all are read into facts on the event loop, not
-#: in a thread (64 KiB of training log: 8 ms on a 2-core VM).
-INLINE_FACTS_CHARS = 64 * 1024
-
 #: The values of ``Settings.judge_policy``.
 JudgePolicy = Literal["both", "llm", "rules", "significant"]
 
@@ -171,11 +167,7 @@ async def judge(
     if isinstance(event, BenchResult) and event.split != "validation":
         raise ValueError("the judge only accepts validation benchmark results")
     # Parsing a multi-megabyte log takes a moment: keep the event loop (heartbeats) responsive.
-    # Short texts (a pre-check failure has none) are read here: a thread's hand-off costs more.
-    if len(train_yaml) + sum(len(text) for text in logs.values()) <= INLINE_FACTS_CHARS:
-        facts = collect_facts(event, train_yaml, logs, settings)
-    else:
-        facts = await asyncio.to_thread(collect_facts, event, train_yaml, logs, settings)
+    facts = await asyncio.to_thread(collect_facts, event, train_yaml, logs, settings)
     written = await _write(facts, settings)
     check: CampaignCheck | None = None
     if campaigns is not None and in_campaign(facts):
