@@ -354,7 +354,7 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     await page.wait_for_function(
         f"[{json.dumps(weak)}, {json.dumps(best)}, {json.dumps(middle)}].every("
         f"id => document.querySelector(`{board} tr[data-request-id='${{id}}']`))", timeout=WAIT_MS)
-    assert "(scorer exact)" in await _text(page, f"{board} h2 small.scorer")
+    assert "(scorer exact, protocol validation)" in await _text(page, f"{board} h2 small.scorer")
     order = await _rows(page, f"{board} tbody tr")
     mine = [rid for rid in order if rid in scores]
     assert mine == [best, middle, weak]
