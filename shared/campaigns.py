@@ -169,10 +169,10 @@ class CampaignStore:
     """The campaigns bucket: read a record with its revision, write one by compare-and-set."""
 
     def __init__(self, bus: object) -> None:
-        self._bus = bus  # a shared.bus.Bus, or the tests' in-memory one
+        self.bus = bus  # a shared.bus.Bus, or the tests' in-memory one
 
     async def _kv(self) -> object:
-        return await self._bus.kv(campaigns_bucket(self._bus.subjects))  # type: ignore[attr-defined]
+        return await self.bus.kv(campaigns_bucket(self.bus.subjects))  # type: ignore[attr-defined]
 
     async def get(self, name: str) -> CampaignRecord | None:
         kv = await self._kv()

@@ -34,7 +34,7 @@ class Planted(LM):
         return [(float(self.plants[r.task_name]["loglik"][r.doc_id][r.idx]), False) for r in requests]
 
     def loglikelihood_rolling(self, requests: list) -> list[float]:
-        raise NotImplementedError
+        raise NotImplementedError("no benchmark here scores rolling log-likelihood (perplexity): nothing asks for it")
 
 
 def main() -> None:

@@ -140,7 +140,7 @@ async def test_two_candidates_judged_at_once_the_second_is_compared_with_the_new
                 await run(candidate("A", 40), settings, bus_store)
             return await super().put(record)
 
-    racing = Racing(bus_store._bus)
+    racing = Racing(bus_store.bus)
     result = await judge(candidate("B", 40), TRAIN_YAML, {}, settings, racing)
     check = result.result.campaign
     assert check is not None and (check.incumbent, check.index) == ("A", 2)
@@ -167,7 +167,7 @@ async def test_a_failed_run_and_a_request_without_campaign_leave_the_bucket_alon
     assert result.result.campaign is None and not result.feedback.final_decision
     plain = await run(candidate("solo", 40, campaign=None), settings, store)
     assert plain.result.campaign is None and plain.feedback.final_decision
-    bus = store._bus
+    bus = store.bus
     assert isinstance(bus, MemoryBus)
     assert not (bus.buckets.get(campaigns_bucket(bus.subjects)) and bus.buckets[campaigns_bucket(bus.subjects)].entries)
 
