@@ -189,9 +189,9 @@ def dead_letter(stage: str | None) -> None:
 
 def verdict_published(status: str, submitted_at: datetime | None) -> None:
     """A verdict went out; ``submitted_at``: when its request was submitted (unknown: not observed)."""
+    histogram = VERDICT_LATENCY.labels(_one_of(status, ("completed", "error", "cancelled"), "status"))
     if submitted_at is not None:
-        VERDICT_LATENCY.labels(_one_of(status, ("completed", "error", "cancelled"), "status")).observe(
-            max(0.0, since(submitted_at)))
+        histogram.observe(max(0.0, since(submitted_at)))
 
 
 def training_resumed(steps_saved: int) -> None:
