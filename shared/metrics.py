@@ -72,9 +72,8 @@ QUEUED = Gauge("ftbus_stage_queued", "A stage consumer's messages not yet done (
                "num_ack_pending), as this process last read it.", ["stage", "consumer"])
 WAITING = Gauge("ftbus_stage_waiting", "A stage consumer's messages no worker has taken yet (num_pending).",
                 ["stage", "consumer"])
-LAST_ACK = Gauge("ftbus_stage_last_ack_timestamp_seconds", "When the stage consumer's oldest unacked message's "
-                 "predecessor was acked (JetStream ack_floor.last_active), Unix time; 0: never.",
-                 ["stage", "consumer"])
+LAST_ACK = Gauge("ftbus_stage_last_ack_timestamp_seconds", "When the stage consumer's ack floor last moved "
+                 "(JetStream ack_floor.last_active), Unix time; 0: never.", ["stage", "consumer"])
 REDELIVERIES = Counter("ftbus_stage_redeliveries", "Handlings of a message delivered before (deliveries > 1).",
                        ["stage"])
 DEAD_LETTERS = Counter("ftbus_dead_letters", "Dead letters the aggregator read, by the stage they name.", ["stage"])
