@@ -199,8 +199,8 @@ def up(
 ) -> None:
     """Start everything on this machine: an embedded nats-server (unless --nats-url) and all five services.
 
-    It prints the NATS and dashboard URLs and records the NATS URL in ~/.ftbus/nats.url, where the other
-    commands find it; Ctrl-C stops everything.
+    It prints the NATS, dashboard and metrics URLs and records the NATS URL in ~/.ftbus/nats.url, where the
+    other commands find it; Ctrl-C stops everything.
 
     Example: ftbus up &"""
     settings = _settings(config, nats_url, service=True)
@@ -275,6 +275,8 @@ def worker(
     nats_url: UrlOpt = None,
 ) -> None:
     """Run one stage's worker against a running server (scale a stage by starting more of these).
+
+    It prints the URL of its Prometheus metrics (settings metrics_port, metrics_host).
 
     Example: ftbus worker train --concurrency 2 --nats-url nats://gpu-host:4222"""
     settings = _settings(config, nats_url, service=True)
