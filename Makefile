@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 
-.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos gpu-check images compose cluster
+.PHONY: install toolchain rdagent-env docker sandbox sandbox-for-tests browser prometheus opencompass assets demo test test-unit test-integration test-e2e bench lint up clean chaos gpu-check images compose cluster
 
 install: $(STAMP)
 
@@ -50,6 +50,16 @@ browser:
 	  || echo "[make] chromium could not be installed: the dashboard's browser tests will be skipped, saying why"; \
 	else echo "[make] no chromium, and no root apt-get to install it: the dashboard's browser tests will be skipped"; fi
 
+# A real Prometheus for the metrics test (tests/integration/test_metrics_prometheus.py): Debian's
+# package unpacked into .tools/prometheus (one static binary; no service installed or started), as
+# k8s-tools does for nginx. Where it cannot be had, that test is skipped, saying why.
+prometheus:
+	@if [ -x .tools/prometheus/usr/bin/prometheus ] || command -v prometheus >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && mkdir -p .tools/prometheus && cd .tools/prometheus \
+	  && (apt-get download prometheus >/dev/null 2>&1 || (apt-get update -qq >/dev/null && apt-get download prometheus >/dev/null 2>&1)) \
+	  && dpkg -x prometheus_*.deb . && rm -f prometheus_*.deb; then :; \
+	else echo "[make] prometheus could not be unpacked here: the metrics scrape test will be skipped, saying why"; fi
+
 # Optional: the OpenCompass backend (FTBUS_BENCH_BACKEND=opencompass), in an environment of its own.
 # Not part of `make test`; its e2e tests run when it exists and are skipped, saying why, when not.
 opencompass:
@@ -70,13 +80,13 @@ demo: install toolchain sandbox
 # The tests run in TEST_WORKERS processes (pytest-xdist): most of them wait on a server, a container
 # or a subprocess, so four share 2 cores well (11.5 min, against 19 in one process).
 # TEST_WORKERS=0 runs them in this one.
-test: install toolchain sandbox-for-tests browser rdagent-env k8s-tools
+test: install toolchain sandbox-for-tests browser rdagent-env k8s-tools prometheus
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-test-integration: install browser
+test-integration: install browser prometheus
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 test-e2e: install toolchain sandbox-for-tests

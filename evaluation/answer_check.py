@@ -34,6 +34,7 @@ from openai.types.chat import ChatCompletion
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from evaluation.scorers import SHORT_ANSWER_CHARS, strip_think
+from shared import metrics
 from shared.llm_retry import Backoff, is_transient
 from shared.logs import get_logger
 from shared.untrusted import Fence
@@ -216,9 +217,11 @@ class _Run:
         )
         if not isinstance(response, ChatCompletion):
             raise ValueError(f"not a chat completion: {str(response)[:100]!r}")
+        metrics.llm_call("answer_check")
         if response.usage is not None:
             self.prompt_tokens += response.usage.prompt_tokens or 0
             self.completion_tokens += response.usage.completion_tokens or 0
+            metrics.llm_tokens("answer_check", response.usage.prompt_tokens or 0, response.usage.completion_tokens or 0)
         if not response.choices or response.choices[0].finish_reason == "length":
             return None
         return response.choices[0].message.content

@@ -199,8 +199,8 @@ def up(
 ) -> None:
     """Start everything on this machine: an embedded nats-server (unless --nats-url) and all five services.
 
-    It prints the NATS and dashboard URLs and records the NATS URL in ~/.ftbus/nats.url, where the other
-    commands find it; Ctrl-C stops everything.
+    It prints the NATS, dashboard and metrics URLs and records the NATS URL in ~/.ftbus/nats.url, where the
+    other commands find it; Ctrl-C stops everything.
 
     Example: ftbus up &"""
     settings = _settings(config, nats_url, service=True)
@@ -222,6 +222,7 @@ def up(
         start_undertaker(server.pid if server else None)  # nothing of ours outlives us, even a kill -9
         err.print(f"ftbus is up: NATS at [bold]{url}[/] (home {settings.home}). Ctrl-C stops it.")
         _print_sandbox(settings)
+        _serve_metrics(settings)
         log.info("ftbus up", nats_url=url, embedded=server is not None)
         stop = asyncio.Event()
         _stop_on_signals(stop)
@@ -243,6 +244,14 @@ def up(
         return 0
 
     _run(main(), settings)
+
+
+def _serve_metrics(settings: Settings) -> None:
+    """This process's Prometheus metrics (every stage it runs), served until it exits; the URL printed."""
+    from shared.metrics import serve
+
+    if (served := serve(settings)) is not None:
+        err.print(f"metrics: {served.url}", highlight=False, soft_wrap=True)
 
 
 def _print_sandbox(settings: Settings) -> None:
@@ -267,6 +276,8 @@ def worker(
 ) -> None:
     """Run one stage's worker against a running server (scale a stage by starting more of these).
 
+    It prints the URL of its Prometheus metrics (settings metrics_port, metrics_host).
+
     Example: ftbus worker train --concurrency 2 --nats-url nats://gpu-host:4222"""
     settings = _settings(config, nats_url, service=True)
 
@@ -278,6 +289,7 @@ def worker(
         from ftbus.undertaker import start_undertaker
 
         start_undertaker()  # kills our candidates' processes if this worker is killed
+        _serve_metrics(settings)
         bus = await Bus.connect(settings, name=f"ftbus-{stage}")
         try:
             from shared.retry import retry_transient
@@ -859,6 +871,8 @@ def dashboard(
         server = DashboardServer(settings, host=host, port=port)
         url = await server.start()
         err.print(f"dashboard: {url}", highlight=False, soft_wrap=True)
+        if settings.metrics_enabled:
+            err.print(f"metrics: {url}metrics", highlight=False, soft_wrap=True)
         err.print("Ctrl-C stops it.")
         try:
             serving = asyncio.create_task(server.wait())

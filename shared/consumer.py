@@ -31,6 +31,7 @@ from typing import Any
 import nats
 from nats.aio.msg import Msg
 
+from shared import metrics
 from shared.logs import get_logger
 from shared.retry import retry_transient
 from shared.tasks import cancel_until_done
@@ -44,15 +45,19 @@ ERROR_NAK_S = 2.0
 
 
 class Slot:
-    """One message's hold on a device slot; releasing twice is harmless."""
+    """One message's hold on a device slot; releasing twice is harmless. ``stage``: whose (metrics)."""
 
-    def __init__(self, gate: asyncio.Semaphore | None) -> None:
+    def __init__(self, gate: asyncio.Semaphore | None, stage: str = "") -> None:
         self._gate = gate
+        self._stage = stage
+        if gate is not None:
+            metrics.gpu_slot_taken(stage)
 
     def release(self) -> None:
         if self._gate is not None:
             gate, self._gate = self._gate, None
             gate.release()
+            metrics.gpu_slot_freed(self._stage)
 
 
 OnMessage = Callable[[Msg, Slot], Awaitable[None]]
@@ -94,6 +99,8 @@ async def _fetch_loop(psub: Any, on_message: OnMessage, stop: asyncio.Event, con
                       device_slots: int | None, durable: str, what: str) -> None:
     free = asyncio.Semaphore(concurrency)
     gate = asyncio.Semaphore(device_slots) if device_slots else None
+    if device_slots:
+        metrics.gpu_slots(what, device_slots)
     handling: set[asyncio.Task[None]] = set()
 
     async def handle(msg: Msg, slot: Slot) -> None:
@@ -125,11 +132,13 @@ async def _fetch_loop(psub: Any, on_message: OnMessage, stop: asyncio.Event, con
             if gate is not None and not msgs:
                 gate.release()
             for msg in msgs:
-                task = asyncio.create_task(handle(msg, Slot(gate)))
+                task = asyncio.create_task(handle(msg, Slot(gate, what)))
                 handling.add(task)
                 task.add_done_callback(handling.discard)
     finally:
         await cancel_until_done(list(handling))
+        if device_slots:
+            metrics.gpu_slots(what, -device_slots)
 
 
 async def _fetch(psub: Any, batch: int, durable: str, what: str) -> list[Msg]:

@@ -142,8 +142,8 @@ def _stage_key(request_id: str, stage: Stage) -> str:
 # ---------------------------------------------------------------------------- policies
 #
 # What a consumer does around its handler is a list of small policies, each one job. A stage
-# worker has all three; the aggregator none (it must see cancelled requests, keeps no results of
-# its own, and announces nothing).
+# worker has all four; the aggregator only the metrics (it must see cancelled requests, keeps no
+# results of its own, and announces nothing).
 
 
 class Policy:
@@ -173,6 +173,12 @@ class Policy:
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
         """The handler raised: the message is naked for another attempt."""
+
+    async def cancelled(self, ctx: StageContext) -> None:
+        """The request was cancelled while the handler ran: the message is acked, nothing published."""
+
+    def ended(self, ctx: StageContext) -> None:
+        """The handling is over, however it ended (also a failed publish, or the worker stopping)."""
 
 
 class IdempotencyStore(Policy):
@@ -265,7 +271,9 @@ class AnnounceProgress(Policy):
 
 def stage_policies() -> tuple[Policy, ...]:
     """What every stage worker does around its handler."""
-    return (SkipCancelled(), IdempotencyStore(), AnnounceProgress())
+    from shared.stage_metrics import MetricsPolicy  # a Policy itself: imported once this module is
+
+    return (SkipCancelled(), IdempotencyStore(), AnnounceProgress(), MetricsPolicy())
 
 
 #: Whether this consumer dead-letters an unreadable message on ``subject``: None to do it, or the
@@ -405,6 +413,8 @@ class StageWorker:
             try:
                 await self._handle(ctx, msg, event)
             finally:
+                for policy in self.policies:
+                    policy.ended(ctx)
                 # Once the results are out and the message acked, off the event loop, and without
                 # holding up this loop's next message (a training's outputs take a while to delete).
                 if ctx.workdir_used and (workdir := ctx.workdir_path).exists():
@@ -430,6 +440,8 @@ class StageWorker:
                 # The user cancelled it: the aggregator publishes the verdict; the work is over.
                 log.info("stage cancelled by request")
                 await msg.ack()
+                for policy in self.policies:
+                    await policy.cancelled(ctx)
                 await ctx.progress("failed", message="cancelled")
                 return
             # This worker is shutting down: let another one take the message at once.

@@ -320,6 +320,26 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="How often the dashboard re-reads each stage's consumer state."
     )
 
+    # ------------------------------------------------------------------ metrics (docs/operations.md, "Metrics")
+    metrics_enabled: bool = Field(
+        default=True, description="Every worker (`ftbus worker`, `ftbus up`) serves Prometheus metrics at "
+        "`/metrics` on metrics_port, and the dashboard on its own port; off: none of them does.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Address the workers serve metrics on; `0.0.0.0` where Prometheus scrapes from another "
+        "host (the compose and Kubernetes deployments set it). The metrics hold counts, never a request id.",
+    )
+    metrics_port: int = Field(
+        default=9470, ge=0, le=65535,
+        description="Port of a worker's metrics; 0 = any free port. A busy port: a free one, logged and "
+        "printed with the URL at start. Several workers on one host: give each its own "
+        "(FTBUS_METRICS_PORT), as the scrape configuration names them.",
+    )
+    metrics_poll_s: float = Field(
+        default=10.0, gt=0, description="How often a worker reads its stage consumer's queue from the server.",
+    )
+
     # ------------------------------------------------------------------ retention (docs/operations.md, "Retention")
     artifact_max_age_s: float = Field(
         default=14 * DAY, gt=0,

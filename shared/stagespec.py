@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from runners.base import Runner, reap_orphans
 from runners.choice import make_runner
 from runners.limit import LimitedRunner
+from runners.metered import MeteredRunner
 from runners.quota import with_quota
 from shared.events import FailedStage
 from shared.logs import get_logger
@@ -141,6 +142,8 @@ class StageSpec:
                                 poll_s=settings.quota_poll_s)
         if runner is not None and self.run_limit is not None:
             runner = LimitedRunner(runner, self.run_limit(bus.settings))
+        if runner is not None:
+            runner = MeteredRunner(runner, self.stage)  # its runs counted by how they ended
         await self.worker(bus, pipeline, concurrency=concurrency, runner=runner).run(stop)
 
     def worker(self, bus: Bus, pipeline: Sequence[StageSpec], *, concurrency: int = 1, runner: Runner | None = None,

@@ -31,6 +31,7 @@ from starlette.templating import Jinja2Templates
 
 from ftbus.dashboard import views
 from ftbus.dashboard.state import DashboardState
+from shared import metrics
 from shared.events import CAMPAIGN_NAME, RequestId
 from shared.logs import get_logger
 from shared.settings import Settings
@@ -160,6 +161,13 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
 
         return EventSourceResponse(stream(), ping=10)
 
+    async def prometheus_metrics(request: Request) -> Response:
+        """This process's Prometheus metrics (docs/operations.md, "Metrics")."""
+        if not state.settings.metrics_enabled:
+            raise HTTPException(404, "metrics are off (metrics_enabled)")
+        body, content_type = metrics.exposition()
+        return Response(body, headers={"Content-Type": content_type})
+
     async def healthz(request: Request) -> Response:
         conn = state.connection()
         return JSONResponse({"ok": conn["connected"], **conn}, status_code=200 if conn["connected"] else 503)
@@ -182,6 +190,7 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
         Route("/leaderboard.csv", leaderboard_csv),
         Route("/events", events),
         Route("/healthz", healthz),
+        Route("/metrics", prometheus_metrics),
         Route("/vendor/plotly.min.js", vendor_plotly),
         Mount("/static", app=StaticFiles(directory=str(HERE / "static")), name="static"),
     ]

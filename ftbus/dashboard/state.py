@@ -25,7 +25,7 @@ import nats.errors
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from ftbus.dashboard import views
-from shared import codec
+from shared import codec, metrics
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
 from shared.campaigns import CampaignRecord
@@ -249,12 +249,14 @@ class DashboardState:
             try:
                 info = await self.bus.js.consumer_info(s.stream_events, durable, timeout=5)
                 stats.append(views.stage_stats_from_info(stage, durable, info))
+                metrics.queue_seen(stage, durable, info)  # read here also when a stage has no worker
             except NotFoundError:
                 stats.append(views.StageStats(stage, durable, error="no worker has started yet"))
             except Exception as exc:
                 stats.append(views.StageStats(stage, durable, error=f"{type(exc).__name__}"))
         try:
             dlq = (await self.bus.js.stream_info(s.stream_dlq)).state.messages
+            metrics.DEAD_LETTERS_STORED.set(dlq)
         except Exception:
             dlq = None
         changed = [x.to_json() for x in stats] != [x.to_json() for x in self.stages] or dlq != self.dead_letters

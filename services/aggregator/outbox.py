@@ -15,6 +15,7 @@ import nats
 
 from services.aggregator.store import RecordStore
 from services.aggregator.transitions import owed
+from shared import metrics
 from shared.bus import Bus
 from shared.events import Stage
 from shared.logs import bound, get_logger
@@ -46,6 +47,8 @@ class Outbox:
                 publishing.append(self._publish_once(s.report(rid), record.report, f"{rid}:aggregate:report"))
                 said["has_test"] = record.report.benchmark_test is not None
             await asyncio.gather(*publishing)
+            if "verdict_published" in flags and record.verdict is not None:
+                metrics.verdict_published(record.verdict.status, record.submitted_at)
             log.info(f"{' and '.join(flag.removesuffix('_published') for flag in flags)} published", **said)
 
         def mark(stored: RequestRecord) -> bool:

@@ -29,7 +29,7 @@ from services.aggregator.outbox import Outbox
 from services.aggregator.retention import Retention
 from services.aggregator.store import RecordStore
 from services.aggregator.sweeper import Sweeper
-from shared import codec
+from shared import codec, metrics
 from shared.bus import Bus
 from shared.events import (
     BenchResult,
@@ -44,6 +44,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.records import RequestRecord
 from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
+from shared.stage_metrics import MetricsPolicy
 from shared.stagespec import StageSpec
 from shared.tasks import cancel_until_done
 
@@ -80,8 +81,8 @@ class Aggregator:
     async def run(self, stop: asyncio.Event) -> None:
         s = self.s
         durable = s.durable(Stage.aggregate)
-        # Three consumers, one handler, no stage policies: the aggregator must see cancelled
-        # requests, and it stores and announces nothing. Each consumer's concurrency follows its
+        # Three consumers, one handler, no stage policies but the metrics: the aggregator must see
+        # cancelled requests, and it stores and announces nothing. Each consumer's concurrency follows its
         # stream's traffic: about five events a request, one test-split result, and a dead letter
         # now and then.
         consumers = [
@@ -93,8 +94,8 @@ class Aggregator:
         ]
         workers = [
             StageWorker(self.bus, Stage.aggregate, self.on_event, accepts, concurrency=loops,
-                        stream=stream, durable=name, filters=filters, policies=(), dead_letter=rule,
-                        log_each=False)
+                        stream=stream, durable=name, filters=filters, policies=(MetricsPolicy(),),
+                        dead_letter=rule, log_each=False)
             for stream, name, filters, accepts, rule, loops in consumers
         ]
         progress_sub = await self.bus.nc.subscribe(s.progress())
@@ -134,6 +135,8 @@ class Aggregator:
             log.warning("ignoring an event on a subject where it does not belong",
                         event_type=type(event).__name__, subject=ctx.subject, request_id=rid)
             return []
+        if isinstance(event, DeadLetter):
+            metrics.dead_letter(event.stage)
         if rid is None:  # a dead letter whose request could not be read
             log.warning("dead letter without a readable request id", reason=event.reason)
             return []

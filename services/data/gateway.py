@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from shared import metrics
 from shared.events import LlmCall, LlmUsage
 from shared.logs import get_logger
 
@@ -134,6 +135,7 @@ class LlmGateway:
         started = time.monotonic()
         call = LlmCall(model=str(model), path=f"/{tail}", status=0)
         self.calls.append(call)  # counted at once: parallel calls cannot overrun the budget
+        metrics.llm_call("data_gateway")
         assert self._session is not None
         try:
             async with self._session.request(request.method, url, data=body or None, headers=headers) as upstream:
@@ -173,6 +175,7 @@ class LlmGateway:
             return
         call.prompt_tokens, call.completion_tokens = usage
         self._tokens += sum(usage)
+        metrics.llm_tokens("data_gateway", *usage)
 
 
 def _usage_of(data: bytes) -> tuple[int, int] | None:

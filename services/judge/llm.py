@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from services.judge.prompts import JudgeTemplates, render_retry_note, templates_for
+from shared import metrics
 from shared.errors import ExplainedError
 from shared.llm_retry import Backoff, is_transient
 from shared.logs import get_logger
@@ -158,6 +159,9 @@ async def _complete(
         if not isinstance(response, ChatCompletion):
             # A 200 that is not a chat completion (an HTML page from a proxy, say): not the model's fault.
             raise LlmJudgeUnavailable(f"LLM endpoint did not answer with a chat completion: {str(response)[:200]!r}")
+        metrics.llm_call("judge")
+        if response.usage is not None:
+            metrics.llm_tokens("judge", response.usage.prompt_tokens or 0, response.usage.completion_tokens or 0)
         if not response.choices:
             return None
         choice = response.choices[0]

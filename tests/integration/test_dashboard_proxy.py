@@ -121,3 +121,11 @@ def test_only_the_generated_login_reaches_the_dashboard(proxy: tuple[str, dict[s
     assert _get(f"{url}/", "ftbus", "not-the-password")[0] == 401
     assert _get(f"{url}/", "admin", login["password"])[0] == 401
     assert _get(f"{url}/api/requests", "ftbus", login["password"]) == (200, b"the dashboard")
+
+
+def test_prometheus_reaches_the_metrics_alone_without_a_login(proxy: tuple[str, dict[str, str]]) -> None:
+    """/metrics (counts, no score, no request id) is scraped without the password; nothing else is."""
+    url, _ = proxy
+    assert _get(f"{url}/metrics") == (200, b"the dashboard")
+    for path in ("/metrics/", "/metricsx", "/api/overview", "/api/requests"):
+        assert _get(f"{url}{path}")[0] == 401, path
