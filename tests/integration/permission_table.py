@@ -101,7 +101,7 @@ def core_publish(subject: str) -> OpFn:
         await ctx.admin.nc.flush()
         try:
             await bus.guard(bus.nc.publish(concrete, b"probe"))
-            await bus.guard(bus.nc.flush())
+            await bus.flush()
             msg = await _next_msg(sub)
             assert msg.data == b"probe"
         finally:
@@ -119,7 +119,7 @@ def core_subscribe(subject: str) -> OpFn:
     async def run(bus: Bus, ctx: Context) -> None:
         sub = await bus.nc.subscribe(subject)
         try:
-            await bus.guard(bus.nc.flush())
+            await bus.flush()
             concrete = _concrete(subject)
             await ctx.admin.nc.publish(concrete, b"probe")
             await ctx.admin.nc.flush()
