@@ -20,10 +20,12 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from shared import codec
-from shared.artifacts import ArtifactStore, FilesystemArtifacts, ObjectStoreArtifacts
+from shared.artifacts import ArtifactStore
 from shared.denials import PermissionDenied, SubjectMemoryClient, parse_permission_error
 from shared.events import Stage
+from shared.fs_artifacts import FilesystemArtifacts
 from shared.logs import get_logger
+from shared.object_artifacts import ObjectStoreArtifacts
 from shared.settings import Settings
 from shared.streams import ensure_stream, stream_configs
 from shared.subjects import Subjects
