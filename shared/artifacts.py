@@ -67,11 +67,6 @@ class ArtifactStore(Protocol):
     async def delete(self, name: str) -> None: ...
 
 
-def artifact_name(request_id: str, path: str) -> str:
-    """The store key of a request's file: ``<request_id>/<path>``, validated."""
-    return validate_name(f"{request_id}/{path}")
-
-
 def validate_name(name: str) -> str:
     """Artifact names obey the same rules as workspace paths, so a name is always a safe path."""
     return str(validate_relative_path(name))

@@ -77,11 +77,7 @@ class Bus:
         self.settings = settings
         self.subjects = Subjects(settings.subject_prefix)
         self._kv: dict[str, KeyValue] = {}
-        self._artifacts: ArtifactStore | None = None
-        self._submitter: ArtifactStore | None = None
-        self._private: ArtifactStore | None = None
-        self._cache: ArtifactStore | None = None
-        self._models: ArtifactStore | None = None
+        self._stores: dict[tuple[str, bool], ArtifactStore] = {}  # (bucket, submitter): opened once
         # guard(): operations waiting to hear of a permission violation
         self._denial_waiters: set[asyncio.Future[PermissionDenied]] = set()
 
@@ -245,64 +241,52 @@ class Bus:
         return kv
 
     async def artifacts(self) -> ArtifactStore:
-        if self._artifacts is None:
-            self._artifacts = await self._open_store(
-                self.subjects.object_store, ARTIFACTS_DESCRIPTION
-            )
-        return self._artifacts
+        return await self._open_store(self.subjects.object_store, ARTIFACTS_DESCRIPTION)
 
     async def submitter_artifacts(self) -> ArtifactStore:
-        """The artifacts store as a submitter uploads a workspace to it: writes, and metadata read
-        by direct get (shared/artifacts.py), the one read the ``agent`` NATS user is granted."""
-        if self._submitter is None:
-            self._submitter = await self._open_store(
-                self.subjects.object_store, ARTIFACTS_DESCRIPTION,
-                submitter=True,
-            )
-        return self._submitter
+        """The artifacts store as a submitter uploads a workspace to it: writes that read nothing,
+        and metadata by direct get (shared/object_artifacts.py), all the ``agent`` NATS user may do."""
+        return await self._open_store(self.subjects.object_store, ARTIFACTS_DESCRIPTION, submitter=True)
 
     async def cache_artifacts(self) -> ArtifactStore:
-        if self._cache is None:
-            self._cache = await self._open_store(
-                self.subjects.object_store_cache, "ftbus caches: data and validation baselines (workers only)",
-                ttl=self.settings.cache_max_age_s,
-            )
-        return self._cache
+        return await self._open_store(self.subjects.object_store_cache,
+                                      "ftbus caches: data and validation baselines (workers only)",
+                                      ttl=self.settings.cache_max_age_s)
 
     async def private_artifacts(self) -> ArtifactStore:
-        if self._private is None:
-            self._private = await self._open_store(
-                self.subjects.object_store_private,
-                "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)",
-            )
-        return self._private
+        return await self._open_store(
+            self.subjects.object_store_private,
+            "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)")
 
     async def models_artifacts(self) -> ArtifactStore:
         """Trained outputs, ``<request_id>/output/...``: train writes, bench and agents read (`ftbus
         pull`). Created with no age limit: the aggregator's retention sweep removes a request's
         outputs ``artifact_max_age_s`` after training unless it leads a leaderboard
         (services/aggregator/retention.py)."""
-        if self._models is None:
-            self._models = await self._open_store(
-                self.subjects.object_store_models,
-                "ftbus trained outputs: adapters or weights, tokenizer, trainer state (agents may read)",
-                ttl=0,
-            )
-        return self._models
+        return await self._open_store(
+            self.subjects.object_store_models,
+            "ftbus trained outputs: adapters or weights, tokenizer, trainer state (agents may read)", ttl=0)
 
     async def _open_store(self, bucket: str, description: str, ttl: float | None = None,
                           submitter: bool = False) -> ArtifactStore:
+        """The store of ``bucket``, opened (created where missing) on first use."""
+        if (bucket, submitter) in self._stores:
+            return self._stores[bucket, submitter]
         cfg = self.settings
+        store: ArtifactStore
         if cfg.artifact_store == "filesystem":
             if cfg.artifact_dir is None:
                 raise ValueError("artifact_store is 'filesystem' but artifact_dir is not set (FTBUS_ARTIFACT_DIR)")
-            return FilesystemArtifacts(cfg.artifact_dir / bucket)
-        return await ObjectStoreArtifacts.open(
-            self.js, bucket, replicas=cfg.stream_replicas, description=description,
-            # retention: artifacts (0: none, the models store's sweep expires its objects)
-            ttl=(ttl or None) if ttl is not None else cfg.artifact_max_age_s,
-            submitter=submitter,
-        )
+            store = FilesystemArtifacts(cfg.artifact_dir / bucket)
+        else:
+            store = await ObjectStoreArtifacts.open(
+                self.js, bucket, replicas=cfg.stream_replicas, description=description,
+                # retention: artifacts (0: none, the models store's sweep expires its objects)
+                ttl=(ttl or None) if ttl is not None else cfg.artifact_max_age_s,
+                submitter=submitter,
+            )
+        self._stores[bucket, submitter] = store
+        return store
 
     async def ensure_consumer(
         self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None

@@ -95,7 +95,7 @@ class _HashingSink(io.BufferedIOBase):
         return n
 
 
-def digest_to_hex(digest: str | None) -> str | None:
+def _digest_to_hex(digest: str | None) -> str | None:
     """The object store's ``SHA-256=<urlsafe base64>`` digest as lowercase hex."""
     if not digest:
         return None
@@ -252,7 +252,7 @@ class ObjectStoreArtifacts:
 
     @staticmethod
     def _ref_after_put(name: str, info: api.ObjectInfo, size: int, sha: str) -> ArtifactRef:
-        stored = digest_to_hex(info.digest)
+        stored = _digest_to_hex(info.digest)
         if stored != sha or info.size != size:
             raise ArtifactError(
                 f"object store wrote {name!r} as {info.size} bytes / sha256 {stored}, but we sent "
@@ -345,7 +345,7 @@ class ObjectStoreArtifacts:
         except ArtifactMissing:
             return None
         size = info.size or 0
-        sha = digest_to_hex(info.digest)
+        sha = _digest_to_hex(info.digest)
         if sha is None and size == 0:
             sha = _EMPTY_SHA256
         if sha is None:

@@ -24,7 +24,6 @@ from shared.artifacts import (
     ArtifactMissing,
     ArtifactStore,
     WorkspaceTooLarge,
-    artifact_name,
     materialise,
     upload_dir,
 )
@@ -126,7 +125,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 async def test_bytes_round_trip_stat_and_delete(store: ArtifactStore) -> None:
     assert isinstance(store, ArtifactStore)
     data = b'{"rows": 3}\n'
-    name = artifact_name("req-1", "data.json")
+    name = "req-1/data.json"
     ref = await store.put_bytes(name, data)
     assert ref == ArtifactRef(name="req-1/data.json", size=len(data), sha256=_sha(data))
     assert await store.get_bytes(ref) == data
