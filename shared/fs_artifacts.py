@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import os
 import secrets
@@ -37,6 +38,18 @@ class _FsMeta:
     sha256: str
     ino: int
     mtime_ns: int
+
+
+def _copy(src: BinaryIO, out: BinaryIO | None) -> tuple[int, str]:
+    """Copy ``src`` into ``out`` (None: only read it), chunk by chunk: its size and sha256."""
+    sha = hashlib.sha256()
+    size = 0
+    while chunk := src.read(COPY_CHUNK):
+        sha.update(chunk)
+        if out is not None:
+            out.write(chunk)
+        size += len(chunk)
+    return size, sha.hexdigest()
 
 
 class FilesystemArtifacts:
@@ -88,36 +101,22 @@ class FilesystemArtifacts:
         os.replace(meta_tmp, meta_target)
         return ArtifactRef(name=name, size=size, sha256=sha)
 
-    def _put_file_sync(self, name: str, path: Path) -> ArtifactRef:
+    def _put_sync(self, name: str, src: BinaryIO) -> ArtifactRef:
         tmp = self._new_tmp()
         try:
-            sha = hashlib.sha256()
-            size = 0
-            with Path(path).open("rb") as src, open_exclusive(tmp) as out:
-                while chunk := src.read(COPY_CHUNK):
-                    sha.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-            return self._commit(name, tmp, size, sha.hexdigest())
-        except BaseException:
-            unlink_quietly(tmp)
-            raise
-
-    def _put_bytes_sync(self, name: str, data: bytes) -> ArtifactRef:
-        tmp = self._new_tmp()
-        try:
-            with open_exclusive(tmp) as out:
-                out.write(data)
-            return self._commit(name, tmp, len(data), hashlib.sha256(data).hexdigest())
+            with src, open_exclusive(tmp) as out:
+                size, sha = _copy(src, out)
+            return self._commit(name, tmp, size, sha)
         except BaseException:
             unlink_quietly(tmp)
             raise
 
     async def put_file(self, name: str, path: Path) -> ArtifactRef:
-        return await asyncio.to_thread(self._put_file_sync, validate_name(name), path)
+        name = validate_name(name)
+        return await asyncio.to_thread(lambda: self._put_sync(name, Path(path).open("rb")))
 
     async def put_bytes(self, name: str, data: bytes) -> ArtifactRef:
-        return await asyncio.to_thread(self._put_bytes_sync, validate_name(name), bytes(data))
+        return await asyncio.to_thread(self._put_sync, validate_name(name), io.BytesIO(data))
 
     def _open_object(self, name: str) -> BinaryIO:
         path = self._object_path(name)
@@ -173,13 +172,9 @@ class FilesystemArtifacts:
             meta = None
         if meta and (meta.ino, meta.size, meta.mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns):
             return ArtifactRef(name=name, size=meta.size, sha256=meta.sha256)
-        sha = hashlib.sha256()
-        size = 0
         with path.open("rb") as src:
-            while chunk := src.read(COPY_CHUNK):
-                sha.update(chunk)
-                size += len(chunk)
-        return ArtifactRef(name=name, size=size, sha256=sha.hexdigest())
+            size, sha = _copy(src, None)
+        return ArtifactRef(name=name, size=size, sha256=sha)
 
     async def stat(self, name: str) -> ArtifactRef | None:
         return await asyncio.to_thread(self._stat_sync, validate_name(name))
