@@ -4,7 +4,7 @@ a live server; test_permissions_drift.py checks that the table covers the code's
 
 Each operation is an async function of (bus connected as the user, context). It returns when the
 server let it through AND it did what it says (read the seeded message, stored the object, got the
-message on the subscription); it raises shared.bus.PermissionDenied when the server refused it.
+message on the subscription); it raises shared.denials.PermissionDenied when the server refused it.
 """
 
 from __future__ import annotations
