@@ -111,14 +111,8 @@ def _digest_to_hex(digest: str | None) -> str | None:
 
 def _mtime(value: object) -> float:
     """An object's ``mtime`` as nats-py gives it (an RFC 3339 string) as a Unix time; 0 if unreadable."""
-    text = str(value or "")
     try:
-        # nanoseconds: Python reads at most microseconds
-        head, dot, rest = text.partition(".")
-        if dot:
-            digits = "".join(ch for ch in rest if ch.isdigit())
-            text = f"{head}.{digits[:6]}{rest[len(digits):]}"
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(str(value or "")).timestamp()  # 3.11+ reads nanoseconds and "Z"
     except ValueError:
         return 0.0
 
