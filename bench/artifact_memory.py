@@ -103,8 +103,9 @@ async def _measure(step: str, action: Callable[[], Awaitable[None]]) -> dict[str
 async def _child(nats_url: str, store_kind: str, root: Path, size: int) -> list[dict[str, float | str | bool]]:
     import nats
 
-    from shared.artifacts import FilesystemArtifacts, ObjectStoreArtifacts
     from shared.events import ArtifactRef
+    from shared.fs_artifacts import FilesystemArtifacts
+    from shared.object_artifacts import ObjectStoreArtifacts
     from shared.subjects import Subjects
 
     source, dest = root / "source.bin", root / "dest.bin"

@@ -3,7 +3,7 @@
 The stages read several small objects per request (the workspace's files, the judge's config and
 logs). nats-py's ``ObjectStore.get`` reads every object through an ordered consumer, created for
 the read and kept by the server for minutes after it; ``ObjectStoreArtifacts.get_bytes`` reads an
-object of one chunk with two message gets (shared/artifacts.py). This measures, per read of a
+object of one chunk with two message gets (shared/object_artifacts.py). This measures, per read of a
 1.5 KB object on a real nats-server: this process's CPU, the server's CPU, the wall time, and the
 consumers left on the store's stream afterwards.
 
@@ -29,8 +29,8 @@ from bench.standin_pipeline import emit, process_cpu_s, stdout_to_stderr  # noqa
 
 async def measure(reads: int, root: Path) -> list[dict[str, object]]:
     from ftbus.embedded import EmbeddedServer
-    from shared.artifacts import ObjectStoreArtifacts
     from shared.bus import Bus
+    from shared.object_artifacts import ObjectStoreArtifacts
     from shared.settings import Settings
 
     server = EmbeddedServer(root / "nats", log_file=root / "nats-server.log")

@@ -15,8 +15,8 @@ from rich.markup import escape
 from evaluation.catalogue import CATALOGUE
 from evaluation.importer import BenchmarkImportError, import_benchmark, list_benchmarks
 from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, plain_columns
+from shared.power import DISAGREEMENTS, POWER, detectable_for_sizes, effective_items
 from shared.settings import Settings
-from shared.statistics import DISAGREEMENTS, POWER, detectable_for_sizes, effective_items
 
 out = console()
 err = console(stderr=True)

@@ -22,7 +22,8 @@ from rich.markup import escape
 
 from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, print_columns
 from shared import loop as event_loop
-from shared.bus import Bus, NotConnected, PermissionDenied
+from shared.bus import Bus, NotConnected
+from shared.denials import PermissionDenied
 from shared.events import (
     CAMPAIGN_NAME,
     CAMPAIGN_NAME_RULE,

@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from shared import codec
-from shared.artifacts import ArtifactStore, FilesystemArtifacts, ObjectStoreArtifacts
+from shared.artifacts import ArtifactStore
+from shared.denials import PermissionDenied, SubjectMemoryClient, parse_permission_error
 from shared.events import Stage
+from shared.fs_artifacts import FilesystemArtifacts
 from shared.logs import get_logger
+from shared.object_artifacts import ObjectStoreArtifacts
 from shared.settings import Settings
+from shared.streams import ensure_stream, stream_configs
 from shared.subjects import Subjects
 
 log = get_logger("ftbus.bus")
@@ -57,102 +59,9 @@ def _connect_reason(exc: BaseException) -> str:
 
 T = TypeVar("T")
 
-# nats-py hands the server's `-ERR 'Permissions Violation for Publish to "SUBJECT"'` to the error
-# callback, lower-cased: `nats: permissions violation for publish to "subject"` (or `subscription
-# to "subject"`, possibly followed by ` using queue "q"`).
-_PERMISSION_RE = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"', re.IGNORECASE)
-
-
-class PermissionDenied(RuntimeError):
-    """The NATS server refused this user a publish or a subscription (its own error, not a timeout)."""
-
-    def __init__(self, subject: str, operation: str) -> None:
-        self.subject = subject
-        self.operation = operation  # "publish" or "subscribe"
-        super().__init__(f"permission denied for {subject} (the NATS server refused this user's {operation})")
-
-
-def parse_permission_error(message: str, known_subjects: dict[str, str] | None = None) -> PermissionDenied | None:
-    """The PermissionDenied that a server error names, or None. ``known_subjects`` maps lower-cased
-    subjects back to their real spelling (nats-py lower-cases the whole error)."""
-    match = _PERMISSION_RE.search(message)
-    if match is None:
-        return None
-    operation = "publish" if match.group(1).lower() == "publish" else "subscribe"
-    subject = match.group(2)
-    return PermissionDenied((known_subjects or {}).get(subject.lower(), subject), operation)
-
-
-class _SubjectMemoryClient(NatsClient):
-    """A nats-py client that remembers the spelling of the subjects it used last, so that a
-    permission error, which nats-py lower-cases, can name the subject as it really is."""
-
-    _MEMORY = 256
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.recent_subjects: OrderedDict[str, str] = OrderedDict()
-
-    def _remember(self, subject: str) -> None:
-        key = subject.lower()
-        self.recent_subjects[key] = subject
-        self.recent_subjects.move_to_end(key)
-        while len(self.recent_subjects) > self._MEMORY:
-            self.recent_subjects.popitem(last=False)
-
-    async def publish(
-        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
-    ) -> None:
-        self._remember(subject)
-        await super().publish(subject, payload, reply=reply, headers=headers)
-
-    async def subscribe(self, subject: str, *args: Any, **kwargs: Any) -> Any:
-        self._remember(subject)
-        return await super().subscribe(subject, *args, **kwargs)
-
-    async def _process_pong(self) -> None:
-        # nats-py 2.16 sets the result of the oldest PING's future even when the flush() that
-        # waited on it was cancelled (Bus.guard() on a refusal, a flush timeout): the
-        # InvalidStateError kills its read loop and the connection hangs. Each PONG still answers
-        # the oldest PING: skip the result of one that nobody awaits any more.
-        if self._pongs:
-            future = self._pongs.pop(0)
-            if not future.done():
-                future.set_result(True)
-            self._pongs_received += 1
-            self._pings_outstanding = 0
-
-
 
 #: A publish that may not have reached a stream (the server briefly away): safe to send again.
 _RETRYABLE_PUBLISH = (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError)
-
-
-class TopologyMismatch(RuntimeError):
-    """A stream exists with settings this deployment cannot change in place."""
-
-
-#: Stream settings the server refuses to change on an existing stream.
-_FIXED_STREAM_FIELDS = ("storage", "retention")
-#: Stream settings ensure_topology owns and updates when the configuration changes.
-_EDITABLE_STREAM_FIELDS = (
-    "subjects", "max_age", "num_replicas", "duplicate_window", "max_msgs_per_subject", "discard",
-    "discard_new_per_subject", "description",
-)
-
-
-def _shown(value: Any) -> str:
-    return str(getattr(value, "value", value))
-
-
-def _differs(current: Any, wanted: Any) -> bool:
-    if wanted is None:
-        return False  # not ours: left as the server has it
-    if isinstance(wanted, float) or isinstance(current, float):
-        return abs((current or 0) - (wanted or 0)) > 1  # durations come back rounded
-    if isinstance(wanted, list):
-        return sorted(current or []) != sorted(wanted)
-    return current != wanted
 
 
 #: The artifacts store's description (a stream's description is shown by `nats stream info`).
@@ -168,11 +77,7 @@ class Bus:
         self.settings = settings
         self.subjects = Subjects(settings.subject_prefix)
         self._kv: dict[str, KeyValue] = {}
-        self._artifacts: ArtifactStore | None = None
-        self._submitter: ArtifactStore | None = None
-        self._private: ArtifactStore | None = None
-        self._cache: ArtifactStore | None = None
-        self._models: ArtifactStore | None = None
+        self._stores: dict[tuple[str, bool], ArtifactStore] = {}  # (bucket, submitter): opened once
         # guard(): operations waiting to hear of a permission violation
         self._denial_waiters: set[asyncio.Future[PermissionDenied]] = set()
 
@@ -209,7 +114,7 @@ class Bus:
 
         # A comma-separated list names the members of a cluster.
         servers = [part.strip() for part in server.split(",") if part.strip()]
-        nc = _SubjectMemoryClient()
+        nc = SubjectMemoryClient()
         connecting = nc.connect(
             servers,
             name=name,
@@ -258,7 +163,7 @@ class Bus:
     async def guard(self, operation: Awaitable[T]) -> T:
         """Run ``operation``; if the server refuses a publish or subscription meanwhile, cancel it
         and raise PermissionDenied at once (a refused request otherwise ends in a bare timeout, and
-        a refused subscription waits forever)."""
+        a refused subscription waits forever). A flush is :meth:`flush`, never guarded here."""
         task = asyncio.ensure_future(operation)
         waiter: asyncio.Future[PermissionDenied] = asyncio.get_running_loop().create_future()
         self._denial_waiters.add(waiter)
@@ -278,11 +183,22 @@ class Bus:
             if not task.done():
                 task.cancel()
 
+    async def flush(self) -> None:
+        """Wait until the server has read everything this connection sent; PermissionDenied if it
+        refused any of it (the server answers the PING only after its -ERR).
+
+        Use this, never ``guard(nc.flush())``: nats-py 2.16 kills its read loop when the PONG of a
+        flush that was cancelled arrives (guard() cancels on a refusal), and the connection hangs
+        (docs/dependencies.md, "nats-py"). Under the shield the PING's own wait is never cancelled:
+        it ends with its PONG, whoever stopped waiting for it."""
+        await self.guard(asyncio.shield(self.nc.flush()))
+
     async def close(self) -> None:
         if self.nc.is_closed:
             return
         # Flush what we published, then close: drain() waits up to 30 s on idle pull
-        # subscriptions, and every worker has already acked or naked its messages by now.
+        # subscriptions, and every worker has already acked or naked its messages by now. A late
+        # PONG after the timeout meets a connection that is closing anyway.
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
         await self.nc.close()
@@ -292,56 +208,9 @@ class Bus:
     async def ensure_topology(self, stages: Sequence[str] | None = None) -> None:
         """Create or update every stream, bucket and store. ``stages``: the pipeline's stage names,
         whose results the events stream holds (None: ftbus's own, shared.events.Stage)."""
-        s, cfg = self.subjects, self.settings
-        common: dict[str, Any] = {
-            "storage": api.StorageType.FILE,
-            "num_replicas": cfg.stream_replicas,
-            "max_age": cfg.event_max_age_s,
-            "duplicate_window": cfg.duplicate_window_s,
-        }
-        await self._ensure_stream(
-            api.StreamConfig(
-                name=s.stream_events,
-                subjects=s.event_stream_subjects(stages),
-                retention=api.RetentionPolicy.LIMITS,
-                description="ftbus requests and stage events",
-                **common,
-            )
-        )
-        await self._ensure_stream(
-            api.StreamConfig(
-                name=s.stream_test,
-                subjects=[s.bench_test],
-                description="hidden test split results: aggregator only",
-                **common,
-            )
-        )
-        # One message per subject, and the second one rejected: the server itself enforces
-        # "exactly one verdict per request" on top of the aggregator's own bookkeeping.
-        for name, subject in ((s.stream_verdicts, s.verdict()), (s.stream_reports, s.report())):
-            await self._ensure_stream(
-                api.StreamConfig(
-                    name=name,
-                    subjects=[subject],
-                    max_msgs_per_subject=1,
-                    discard=api.DiscardPolicy.NEW,
-                    discard_new_per_subject=True,
-                    **{**common, "max_age": cfg.result_max_age_s},  # retention: results
-                )
-            )
-        await self._ensure_stream(
-            api.StreamConfig(name=s.stream_dlq, subjects=[s.dlq], **{**common, "max_age": cfg.result_max_age_s})
-        )
-        await self._ensure_stream(
-            api.StreamConfig(
-                name=s.stream_advisories,
-                subjects=[
-                    s.max_deliveries_advisory(s.stream_events),
-                    s.max_deliveries_advisory(s.stream_test),
-                ],
-                **common,
-            )
-        )
+        s = self.subjects
+        for config in stream_configs(s, self.settings, stages):
+            await ensure_stream(self.js, config)
         await self.kv(s.kv_requests)
         await self.kv(s.kv_status)
         await self.kv(s.kv_campaigns)
@@ -351,31 +220,6 @@ class Bus:
         await self.cache_artifacts()
         await self.private_artifacts()
         await self.models_artifacts()
-
-    async def _ensure_stream(self, config: api.StreamConfig) -> None:
-        assert config.name
-        try:
-            info = await self.js.stream_info(config.name)
-        except NotFoundError:
-            try:
-                await self.js.add_stream(config)
-                return
-            except BadRequestError:
-                # Another process created it between our lookup and our add: fall through to update.
-                info = await self.js.stream_info(config.name)
-        fixed = {name: (getattr(info.config, name), getattr(config, name)) for name in _FIXED_STREAM_FIELDS}
-        clashes = {name: pair for name, pair in fixed.items() if pair[1] is not None and pair[0] != pair[1]}
-        if clashes:
-            # The server cannot change these in place: say so instead of running on the old ones.
-            differences = ", ".join(f"{k} is {_shown(a)}, configured {_shown(b)}" for k, (a, b) in clashes.items())
-            raise TopologyMismatch(
-                f"stream {config.name} exists with settings that differ from this deployment's and cannot be "
-                f"changed in place: {differences}; migrate the stream (or use another subject_prefix)"
-            )
-        # Every editable setting we own (subjects, retention ages, replicas, limits) follows the
-        # configuration, on a stream that exists already too.
-        if any(_differs(getattr(info.config, name), getattr(config, name)) for name in _EDITABLE_STREAM_FIELDS):
-            await self.js.update_stream(config)
 
     async def kv(self, bucket: str) -> KeyValue:
         if bucket in self._kv:
@@ -397,64 +241,52 @@ class Bus:
         return kv
 
     async def artifacts(self) -> ArtifactStore:
-        if self._artifacts is None:
-            self._artifacts = await self._open_store(
-                self.subjects.object_store, ARTIFACTS_DESCRIPTION
-            )
-        return self._artifacts
+        return await self._open_store(self.subjects.object_store, ARTIFACTS_DESCRIPTION)
 
     async def submitter_artifacts(self) -> ArtifactStore:
-        """The artifacts store as a submitter uploads a workspace to it: writes, and metadata read
-        by direct get (shared/artifacts.py), the one read the ``agent`` NATS user is granted."""
-        if self._submitter is None:
-            self._submitter = await self._open_store(
-                self.subjects.object_store, ARTIFACTS_DESCRIPTION,
-                submitter=True,
-            )
-        return self._submitter
+        """The artifacts store as a submitter uploads a workspace to it: writes that read nothing,
+        and metadata by direct get (shared/object_artifacts.py), all the ``agent`` NATS user may do."""
+        return await self._open_store(self.subjects.object_store, ARTIFACTS_DESCRIPTION, submitter=True)
 
     async def cache_artifacts(self) -> ArtifactStore:
-        if self._cache is None:
-            self._cache = await self._open_store(
-                self.subjects.object_store_cache, "ftbus caches: data and validation baselines (workers only)",
-                ttl=self.settings.cache_max_age_s,
-            )
-        return self._cache
+        return await self._open_store(self.subjects.object_store_cache,
+                                      "ftbus caches: data and validation baselines (workers only)",
+                                      ttl=self.settings.cache_max_age_s)
 
     async def private_artifacts(self) -> ArtifactStore:
-        if self._private is None:
-            self._private = await self._open_store(
-                self.subjects.object_store_private,
-                "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)",
-            )
-        return self._private
+        return await self._open_store(
+            self.subjects.object_store_private,
+            "ftbus hidden test split: logs and baselines (bench writes; aggregator, dashboards read)")
 
     async def models_artifacts(self) -> ArtifactStore:
         """Trained outputs, ``<request_id>/output/...``: train writes, bench and agents read (`ftbus
         pull`). Created with no age limit: the aggregator's retention sweep removes a request's
         outputs ``artifact_max_age_s`` after training unless it leads a leaderboard
         (services/aggregator/retention.py)."""
-        if self._models is None:
-            self._models = await self._open_store(
-                self.subjects.object_store_models,
-                "ftbus trained outputs: adapters or weights, tokenizer, trainer state (agents may read)",
-                ttl=0,
-            )
-        return self._models
+        return await self._open_store(
+            self.subjects.object_store_models,
+            "ftbus trained outputs: adapters or weights, tokenizer, trainer state (agents may read)", ttl=0)
 
     async def _open_store(self, bucket: str, description: str, ttl: float | None = None,
                           submitter: bool = False) -> ArtifactStore:
+        """The store of ``bucket``, opened (created where missing) on first use."""
+        if (bucket, submitter) in self._stores:
+            return self._stores[bucket, submitter]
         cfg = self.settings
+        store: ArtifactStore
         if cfg.artifact_store == "filesystem":
             if cfg.artifact_dir is None:
                 raise ValueError("artifact_store is 'filesystem' but artifact_dir is not set (FTBUS_ARTIFACT_DIR)")
-            return FilesystemArtifacts(cfg.artifact_dir / bucket)
-        return await ObjectStoreArtifacts.open(
-            self.js, bucket, replicas=cfg.stream_replicas, description=description,
-            # retention: artifacts (0: none, the models store's sweep expires its objects)
-            ttl=(ttl or None) if ttl is not None else cfg.artifact_max_age_s,
-            submitter=submitter,
-        )
+            store = FilesystemArtifacts(cfg.artifact_dir / bucket)
+        else:
+            store = await ObjectStoreArtifacts.open(
+                self.js, bucket, replicas=cfg.stream_replicas, description=description,
+                # retention: artifacts (0: none, the models store's sweep expires its objects)
+                ttl=(ttl or None) if ttl is not None else cfg.artifact_max_age_s,
+                submitter=submitter,
+            )
+        self._stores[bucket, submitter] = store
+        return store
 
     async def ensure_consumer(
         self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None

@@ -45,8 +45,8 @@ from pydantic import BaseModel
 
 from shared import codec
 from shared import consumer as consumer_loop
-from shared.artifacts import FilesystemArtifacts
 from shared.events import Stage
+from shared.fs_artifacts import FilesystemArtifacts
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.subjects import Subjects

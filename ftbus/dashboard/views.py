@@ -25,9 +25,10 @@ from shared.events import (
     VerdictResult,
 )
 from shared.paired import compare_scores
+from shared.power import effective_items
 from shared.records import RequestRecord
 from shared.retention import rank_key
-from shared.statistics import PairedComparison, effective_items, holm, score_interval
+from shared.statistics import PairedComparison, holm, score_interval
 
 # The order of the stage cards and of the timeline.
 STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)

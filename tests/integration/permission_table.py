@@ -4,7 +4,7 @@ a live server; test_permissions_drift.py checks that the table covers the code's
 
 Each operation is an async function of (bus connected as the user, context). It returns when the
 server let it through AND it did what it says (read the seeded message, stored the object, got the
-message on the subscription); it raises shared.bus.PermissionDenied when the server refused it.
+message on the subscription); it raises shared.denials.PermissionDenied when the server refused it.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import nats.errors
 from nats.js import api
 
-from shared.artifacts import ObjectStoreArtifacts
 from shared.bus import Bus
 from shared.events import Stage
 from shared.kv_scan import latest, list_keys
+from shared.object_artifacts import ObjectStoreArtifacts
 from shared.subjects import Subjects
 
 S = Subjects("ftbus")
@@ -101,7 +101,7 @@ def core_publish(subject: str) -> OpFn:
         await ctx.admin.nc.flush()
         try:
             await bus.guard(bus.nc.publish(concrete, b"probe"))
-            await bus.guard(bus.nc.flush())
+            await bus.flush()
             msg = await _next_msg(sub)
             assert msg.data == b"probe"
         finally:
@@ -119,7 +119,7 @@ def core_subscribe(subject: str) -> OpFn:
     async def run(bus: Bus, ctx: Context) -> None:
         sub = await bus.nc.subscribe(subject)
         try:
-            await bus.guard(bus.nc.flush())
+            await bus.flush()
             concrete = _concrete(subject)
             await ctx.admin.nc.publish(concrete, b"probe")
             await ctx.admin.nc.flush()
@@ -261,7 +261,7 @@ def obj_get(store: str) -> OpFn:
 
 def obj_chunk_get(store: str) -> OpFn:
     """An object's bytes by message get of its chunk (no consumer): the route ftbus reads a
-    one-chunk object by (shared/artifacts.py), and the one any holder of the grant can take."""
+    one-chunk object by (shared/object_artifacts.py), and the one any holder of the grant can take."""
 
     async def run(bus: Bus, ctx: Context) -> None:
         obs = await bus.guard(bus.js.object_store(store))
@@ -274,7 +274,7 @@ def obj_chunk_get(store: str) -> OpFn:
 
 def obj_meta_direct_get(store: str) -> OpFn:
     """An object's metadata by direct get of its metadata subject: the agent's "exists already?"
-    lookup before an upload (shared/artifacts.py, _MetadataByDirectGet), its one object read."""
+    lookup (shared/object_artifacts.py, read_info), its one object read."""
 
     async def run(bus: Bus, ctx: Context) -> None:
         encoded = base64.urlsafe_b64encode(SEED_OBJECT.encode()).decode()
@@ -285,8 +285,8 @@ def obj_meta_direct_get(store: str) -> OpFn:
 
 
 def obj_put(store: str) -> OpFn:
-    """An upload as ftbus makes one (shared/artifacts.py): the agent, a submitter, looks for an
-    object it replaces by direct get of the metadata subject; the workers by message get."""
+    """An upload as ftbus makes one (shared/object_artifacts.py): the agent, a submitter, reads
+    nothing (put_new); the workers look up the object it replaces by message get (nats-py's put)."""
 
     async def run(bus: Bus, ctx: Context) -> None:
         artifacts = await bus.guard(ObjectStoreArtifacts.open(bus.js, store, submitter=ctx.user == "agent"))

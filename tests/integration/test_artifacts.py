@@ -23,14 +23,13 @@ from shared.artifacts import (
     ArtifactError,
     ArtifactMissing,
     ArtifactStore,
-    FilesystemArtifacts,
-    ObjectStoreArtifacts,
     WorkspaceTooLarge,
-    artifact_name,
     materialise,
     upload_dir,
 )
 from shared.events import ArtifactRef, WorkspaceFile
+from shared.fs_artifacts import FilesystemArtifacts
+from shared.object_artifacts import ObjectStoreArtifacts
 from shared.paths import UnsafePath
 from shared.subjects import Subjects
 
@@ -96,15 +95,18 @@ def _bucket() -> str:
     return Subjects(prefix=f"t{secrets.token_hex(4)}").object_store
 
 
-@pytest.fixture(params=["object-store", "filesystem"])
+@pytest.fixture(params=["object-store", "object-store-submitter", "filesystem"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ArtifactStore]:
+    """Each store; the submitter's (``ftbus submit``'s, shared/object_artifacts.py put_new) reads
+    here too: this server grants everything."""
     if request.param == "filesystem":
         yield FilesystemArtifacts(tmp_path / "shared-fs")
         return
     url = request.getfixturevalue("_nats_server_for_artifacts")
     client = await _connect(url)
     try:
-        yield await ObjectStoreArtifacts.open(client.jetstream(), _bucket())
+        submitter = request.param == "object-store-submitter"
+        yield await ObjectStoreArtifacts.open(client.jetstream(), _bucket(), submitter=submitter)
     finally:
         await client.close()
 
@@ -123,7 +125,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 async def test_bytes_round_trip_stat_and_delete(store: ArtifactStore) -> None:
     assert isinstance(store, ArtifactStore)
     data = b'{"rows": 3}\n'
-    name = artifact_name("req-1", "data.json")
+    name = "req-1/data.json"
     ref = await store.put_bytes(name, data)
     assert ref == ArtifactRef(name="req-1/data.json", size=len(data), sha256=_sha(data))
     assert await store.get_bytes(ref) == data
@@ -490,6 +492,27 @@ async def test_stat_hash_comes_from_the_store_for_objects_written_by_others(nc: 
     await raw.put("req-9/by-another-client", b"written without ftbus")
     ref = await store.stat("req-9/by-another-client")
     assert ref is not None and ref.sha256 == _sha(b"written without ftbus")
+
+
+async def test_a_submitters_upload_is_an_object_as_nats_py_writes_one(nc: NATS, tmp_path: Path) -> None:
+    """put_new (no read before the write: the agent's grant) stores the chunks, metadata and digest
+    nats-py's own put would: nats-py reads it back, digest checked, and a worker's store too."""
+    bucket = _bucket()
+    js = nc.jetstream()
+    submitter = await ObjectStoreArtifacts.open(js, bucket, submitter=True)
+    data = os.urandom(300 * 1024)  # three chunks
+    (tmp_path / "model.bin").write_bytes(data)
+    large = await submitter.put_file("req-11/model.bin", tmp_path / "model.bin")
+    small = await submitter.put_bytes("req-11/marker", b"submitted")
+    raw = await js.object_store(bucket)
+    assert (await raw.get("req-11/model.bin")).data == data
+    info = await raw.get_info("req-11/marker")
+    assert (info.size, info.chunks, info.options.max_chunk_size) == (9, 1, 128 * 1024)
+    worker = await ObjectStoreArtifacts.open(js, bucket)
+    assert await worker.get_bytes(large) == data
+    assert await worker.get_bytes(small) == b"submitted"
+    assert await submitter.stat("req-11/marker") == small
+    assert sorted(name for name, _ in await worker.list_objects()) == ["req-11/marker", "req-11/model.bin"]
 
 
 # ---------------------------------------------------------------------------- filesystem specifics

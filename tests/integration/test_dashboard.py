@@ -372,7 +372,8 @@ async def test_leaderboard_ranks_candidates_by_validation_and_exports(env: Env, 
     # Intervals: the leader's own (Wilson's on the estimand's effective items: never a point, though it
     # answers every item right); the others' paired difference from the leader on the same items.
     # Answering half or a third of the items is beyond noise: behind, not tied.
-    from shared.statistics import effective_items, score_interval
+    from shared.power import effective_items
+    from shared.statistics import score_interval
 
     leader_bench = verdicts[best].result.benchmark
     assert leader_bench.overall is not None

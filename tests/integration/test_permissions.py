@@ -27,7 +27,8 @@ import pytest
 
 from ftbus.bus_client import FtbusClient, WaitTimeout
 from ftbus.cli import run_services
-from shared.bus import Bus, PermissionDenied
+from shared.bus import Bus
+from shared.denials import PermissionDenied
 from shared.events import Report, TaskSpec, Verdict
 from shared.settings import Settings
 from tests.integration.conftest import write_workspace

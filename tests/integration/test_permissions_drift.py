@@ -1,6 +1,6 @@
-"""Drift guard: the code's topology (shared/subjects.py, shared/bus.py), deploy/nats/accounts.conf and
-the permission table (permission_table.py, run live by test_permissions.py) must name the same
-things.
+"""Drift guard: the code's topology (shared/subjects.py, shared/streams.py, shared/bus.py),
+deploy/nats/accounts.conf and the permission table (permission_table.py, run live by
+test_permissions.py) must name the same things.
 
 - accounts.conf is exactly what ftbus/permissions.py generates from the code's names;
 - every subject, stream, KV bucket, Object Store and durable consumer of the code has a rule in

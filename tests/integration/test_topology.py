@@ -7,8 +7,9 @@ from unittest import mock
 import pytest
 from nats.js import api
 
-from shared.bus import Bus, TopologyMismatch
+from shared.bus import Bus
 from shared.settings import Settings
+from shared.streams import TopologyMismatch
 
 
 async def test_a_second_worker_changes_nothing_and_a_changed_setting_is_applied(settings: Settings) -> None:

@@ -18,15 +18,9 @@ import pytest
 from evaluation.runs import run_stats
 from shared.events import BenchmarkScores
 from shared.paired import compare_scores
-from shared.statistics import (
-    MIN_ITEMS,
-    compare_paired,
-    detectable_difference,
-    detectable_normal,
-    mcnemar_interval,
-    mean_stderr,
-    stratum_weights,
-)
+from shared.paired_tests import mcnemar_interval
+from shared.power import detectable_difference, detectable_normal
+from shared.statistics import MIN_ITEMS, compare_paired, mean_stderr, stratum_weights
 
 # ---------------------------------------------------------------- independent pieces
 
@@ -298,7 +292,7 @@ def test_benchmarks_ls_states_the_detectable_improvement_of_the_default_split(
     from typer.testing import CliRunner
 
     from ftbus.cli import app
-    from shared.statistics import detectable_for_sizes, effective_items
+    from shared.power import detectable_for_sizes, effective_items
 
     # The estimand's effective items are Kish's 1 / sum w^2 of its own weights, computed here from the weights.
     for sizes in ([100], [100, 100], [10, 6], [3, 100], [57] * 5):

@@ -1,4 +1,5 @@
-"""shared.statistics against independent computations: exact enumerations, the binomial test, analytic intervals."""
+"""shared.statistics and shared.paired_tests against independent computations: exact enumerations, the binomial
+test, analytic intervals."""
 
 from __future__ import annotations
 
@@ -12,16 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.statistics import (
-    ItemsDiffer,
-    compare_paired,
-    majority_correct,
-    mcnemar_exact,
-    mean_stderr,
-    paired_permutation,
-    pass_at_k,
-    sign_flip_inverted,
-)
+from shared.paired_tests import mcnemar_exact, sign_flip_inverted
+from shared.statistics import ItemsDiffer, compare_paired, majority_correct, mean_stderr, pass_at_k
+
+
+def sign_flip_p(candidate: list[float], baseline: list[float], *, seed: int, resamples: int = 10_000) -> float:
+    """The sign-flip test's p-value with every item weighing the same (sign_flip_inverted's second value)."""
+    diffs = [float(c) - float(b) for c, b in zip(candidate, baseline, strict=True)]
+    return sign_flip_inverted(diffs, [1.0] * len(diffs), seed=seed, resamples=resamples)[1]
 
 
 def binomial_two_sided(k: int, n: int) -> Fraction:
@@ -73,11 +72,11 @@ def test_inverted_interval_matches_the_analytic_one_on_many_items() -> None:
 
 
 def test_sign_flip_chunks_give_the_same_draws_as_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    import shared.statistics as statistics
+    import shared.paired_tests as paired_tests
 
     diffs = list(np.random.default_rng(3).normal(0.05, 0.3, 50))
     whole = sign_flip_inverted(diffs, [1.0] * 50, seed=5, resamples=1000)
-    monkeypatch.setattr(statistics, "_CHUNK_ELEMENTS", 50 * 7)  # 7 patterns a chunk, the last one partial
+    monkeypatch.setattr(paired_tests, "_CHUNK_ELEMENTS", 50 * 7)  # 7 patterns a chunk, the last one partial
     assert sign_flip_inverted(diffs, [1.0] * 50, seed=5, resamples=1000) == whole
 
 
@@ -85,9 +84,9 @@ def test_same_seed_same_answers_and_a_different_seed_differs() -> None:
     # Graded scores from one distribution, so p is well inside (0, 1); 300 non-zero differences: Monte Carlo.
     graded = np.random.default_rng(12).random((2, 300))
     graded_c, graded_b = list(graded[0]), list(graded[1])
-    p = paired_permutation(graded_c, graded_b, seed=42)
-    assert paired_permutation(graded_c, graded_b, seed=42) == p
-    assert paired_permutation(graded_c, graded_b, seed=43) != p  # Monte Carlo: the seed matters
+    p = sign_flip_p(graded_c, graded_b, seed=42)
+    assert sign_flip_p(graded_c, graded_b, seed=42) == p
+    assert sign_flip_p(graded_c, graded_b, seed=43) != p  # Monte Carlo: the seed matters
     assert 0.0 < p < 1.0
     pair = scores(graded_c), scores(graded_b)
     assert compare_paired(*pair, seed=9) == compare_paired(*pair, seed=9)
@@ -151,12 +150,12 @@ def test_majority_correct(runs: list[tuple[str | None, bool]], expected: bool) -
 
 def test_permutation_exact_cases_by_hand() -> None:
     # Of the 8 sign patterns of [1, 1, 1] only all-plus and all-minus reach |mean| = 1.
-    assert paired_permutation([1, 1, 1], [0, 0, 0], seed=0) == pytest.approx(0.25)
+    assert sign_flip_p([1, 1, 1], [0, 0, 0], seed=0) == pytest.approx(0.25)
     # Zero differences do not flip: [1, 1, 1, 0] is the same test on 3 non-zero differences.
-    assert paired_permutation([1, 1, 1, 0.5], [0, 0, 0, 0.5], seed=0) == pytest.approx(0.25)
+    assert sign_flip_p([1, 1, 1, 0.5], [0, 0, 0, 0.5], seed=0) == pytest.approx(0.25)
     # [0.5, -0.25]: sums 0.25, 0.75, -0.75, -0.25; |sum| >= 0.25 everywhere.
-    assert paired_permutation([0.5, 0.0], [0.0, 0.25], seed=0) == 1.0
-    assert paired_permutation([0.3, 0.7, 0.1], [0.3, 0.7, 0.1], seed=0) == 1.0
+    assert sign_flip_p([0.5, 0.0], [0.0, 0.25], seed=0) == 1.0
+    assert sign_flip_p([0.3, 0.7, 0.1], [0.3, 0.7, 0.1], seed=0) == 1.0
 
 
 @settings(max_examples=30, deadline=None)
@@ -165,14 +164,14 @@ def test_permutation_exact_matches_brute_force(diffs: list[float]) -> None:
     observed = abs(sum(diffs))
     flips = list(itertools.product([1, -1], repeat=len(diffs)))
     expected = sum(1 for s in flips if abs(sum(a * b for a, b in zip(s, diffs, strict=True))) >= observed - 1e-9)
-    p = paired_permutation(diffs, [0.0] * len(diffs), seed=0)
+    p = sign_flip_p(diffs, [0.0] * len(diffs), seed=0)
     assert p == pytest.approx(expected / len(flips) if any(diffs) else 1.0, abs=1e-12)
 
 
 def test_permutation_monte_carlo_agrees_with_mcnemar_roughly() -> None:
     # 20 discordant items, 15 for the candidate: the sign-flip test is then the binomial test again.
     candidate, baseline = discordant(15, 5)
-    p = paired_permutation([float(x) for x in candidate], [float(x) for x in baseline], seed=3, resamples=20_000)
+    p = sign_flip_p([float(x) for x in candidate], [float(x) for x in baseline], seed=3, resamples=20_000)
     assert p == pytest.approx(float(binomial_two_sided(15, 20)), abs=0.006)
 
 
