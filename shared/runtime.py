@@ -59,8 +59,21 @@ if TYPE_CHECKING:
     from shared.stagespec import StageSpec
 
 #: Importable from here as before the split (shared/handling.py, shared/policies.py).
-__all__ = ["AnnounceProgress", "Handler", "IdempotencyStore", "Outgoing", "Policy", "SkipCancelled", "StageContext",
-           "StageWorker", "always_dead_letter", "is_cancelled", "never_dead_letter", "stage_policies"]
+__all__ = [
+    "AnnounceProgress",
+    "Handler",
+    "IdempotencyStore",
+    "Outgoing",
+    "Policy",
+    "SkipCancelled",
+    "StageContext",
+    "StageWorker",
+    "always_dead_letter",
+    "is_cancelled",
+    "never_dead_letter",
+    "route",
+    "stage_policies",
+]
 
 log = get_logger("ftbus.runtime")
 
@@ -244,7 +257,7 @@ class StageWorker:
             self._running.pop(request_id, None)
             self._cancelled.discard(request_id)
             await cancel_until_done([heartbeat])
-        outgoing = [self._route(item, event, ctx) for item in returned]
+        outgoing = [route(item, event, ctx) for item in returned]
         try:
             # The stored result and the published events go out together, then the ack. Either
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
@@ -265,21 +278,6 @@ class StageWorker:
         self._note("stage finished", **{**ctx.told, "delivery": deliveries, "subject": msg.subject,
                    "seconds": round((datetime.now(UTC) - ctx.started_at).total_seconds(), 3),
                    "published": [o.subject for o in outgoing]})
-
-    def _route(self, item: BaseModel | Outgoing, incoming: Any, ctx: StageContext) -> Outgoing:
-        """Where one of the handler's events goes: a result on ``<stage>.completed``, or on
-        ``<stage>.failed`` when it says the candidate failed (``ok``); an :class:`Outgoing` where it
-        says. Before its payload is encoded (Outgoing.payload, once), a result is stamped: the
-        stage's record name as ``failed_stage`` if it failed and the handler named no other, and
-        its run under that name beside the earlier stages' (StageRun), so that the record's timeline
-        holds a stage's start and attempts even when its progress messages (at most once) were lost."""
-        event = item.event if isinstance(item, Outgoing) else item
-        event = _stamped(event, incoming, ctx)
-        if isinstance(item, Outgoing):
-            return dataclasses.replace(item, event=event)
-        ok = getattr(event, "ok", True)
-        s = self.bus.subjects
-        return Outgoing(s.completed(self.stage) if ok else s.failed(self.stage), event, "completed" if ok else "failed")
 
     async def _heartbeat(self, msg: Msg, request_id: str) -> None:
         """While the handler runs: ``in_progress()`` every interval, so that ack_wait expires only
@@ -313,6 +311,22 @@ class StageWorker:
         )
         await self.bus.publish(self.bus.subjects.dlq, letter, f"dlq:{self.stream}:{seq}:{self.durable}")
         await msg.term()
+
+
+def route(item: BaseModel | Outgoing, incoming: Any, ctx: StageContext) -> Outgoing:
+    """Where one of a handler's events goes (the handler read ``incoming``): a result on
+    ``<stage>.completed``, or on ``<stage>.failed`` when it says the candidate failed (``ok``); an
+    :class:`Outgoing` where it says. Before its payload is encoded (Outgoing.payload, once), a result
+    is stamped: the stage's record name as ``failed_stage`` if it failed and the handler named no
+    other, and its run under that name beside the earlier stages' (StageRun), so that the record's
+    timeline holds a stage's start and attempts even when its progress messages (at most once) were
+    lost, and the judge reads every stage's run without naming the stages."""
+    event = _stamped(item.event if isinstance(item, Outgoing) else item, incoming, ctx)
+    if isinstance(item, Outgoing):
+        return dataclasses.replace(item, event=event)
+    ok = getattr(event, "ok", True)
+    s = ctx.subjects
+    return Outgoing(s.completed(ctx.stage) if ok else s.failed(ctx.stage), event, "completed" if ok else "failed")
 
 
 def _stamped(event: BaseModel, incoming: Any, ctx: StageContext) -> BaseModel:
