@@ -71,9 +71,15 @@ def exit_code_of(event: JudgedEvent) -> int | None:
     return 0 if stage is None else 1
 
 
-def model_files_of(event: JudgedEvent) -> list[str]:
+def train_of(event: JudgedEvent) -> TrainSummary | None:
+    """What training left, when the event carries it (the results of training and the stages after it)."""
     train = getattr(event, "train", None)
-    return list(train.model_files) if isinstance(train, TrainSummary) else []
+    return train if isinstance(train, TrainSummary) else None
+
+
+def model_files_of(event: JudgedEvent) -> list[str]:
+    train = train_of(event)
+    return list(train.model_files) if train is not None else []
 
 
 def _has_results(event: BenchResult) -> bool:
@@ -122,8 +128,8 @@ def rules_decision(event: JudgedEvent) -> RulesOutcome:
     if stage is not None and stage not in event.runs:
         failed.append(_stage_failure(stage, None, event.error))
 
-    train = getattr(event, "train", None)
-    if not isinstance(train, TrainSummary) or (FailedStage.training not in event.runs and not train.model_files):
+    train = train_of(event)
+    if train is None or (FailedStage.training not in event.runs and not train.model_files):
         failed.append("training did not run")
 
     if not model_files_of(event):
