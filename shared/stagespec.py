@@ -41,6 +41,38 @@ ReadsOf = Callable[[Subjects, Sequence["StageSpec"]], list[str]]
 
 
 @dataclass(frozen=True)
+class Grant:
+    """One place a stage's NATS user may use beyond what every stage worker gets: ``why`` it does (the
+    comment above its rules in deploy/nats/accounts.conf), and whether it also writes there."""
+
+    why: str
+    write: bool = True
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What a stage's NATS user may touch besides what every stage worker gets (its consumer, its
+    results, dead letters, progress, the public view, its own results bucket): ftbus/permissions.py
+    writes its rules from these, and denies it every place not granted. Texts may name subjects as
+    ``{s.<name>}`` (a :class:`~shared.subjects.Subjects`), filled in for the prefix generated for."""
+
+    #: What its user is, for the comment above it (a stage of ftbus's own says more than its words).
+    note: str = ""
+    #: The artifacts store (workspaces, data, validation logs).
+    artifacts: Grant = Grant("artifacts: read and write")
+    #: The trained outputs' store (``ftbus_models``).
+    models: Grant | None = None
+    #: The private store (test-split logs and baselines).
+    private: Grant | None = None
+    #: The workers-only cache store (content-addressed caches: whoever writes them is trusted by all).
+    cache: Grant | None = None
+    #: Why the cache store is denied to it, where that says more than the common reason.
+    no_cache: str = ""
+    #: The campaigns bucket (validation data only), read and compare-and-set write.
+    campaigns: Grant | None = None
+
+
+@dataclass(frozen=True)
 class StageSpec:
     #: Its name: a :class:`~shared.events.Stage` for ftbus's own stages, any short name for another.
     stage: str
@@ -91,6 +123,8 @@ class StageSpec:
     record_name: str = FailedStage.aggregate
     #: How messages name it ("ERROR in the data processing stage").
     words: str = ""
+    #: What its NATS user may touch (ftbus/permissions.py): by default only the artifacts store.
+    grants: Grants = Grants()
     #: How long one run of its candidate code may take (a setting); a request may lower it, never
     #: raise it (``Timeouts``, by record name: :meth:`timeout_in`). The one place a stage's timeout
     #: is kept: its handler asks ``ctx.timeout(context)``, the sweeper :meth:`limit`.

@@ -43,7 +43,7 @@ from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paired import compare_scores
 from shared.runtime import Outgoing, StageContext
-from shared.stagespec import StageSpec
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.benchmark")
 
@@ -409,6 +409,18 @@ SPEC = StageSpec(
     result=BenchResult,
     record_name=FailedStage.benchmark,
     words="benchmark",
+    grants=Grants(
+        note="`ftbus worker bench` (GPU nodes). It PRODUCES the test split's result: it publishes\n"
+             "{s.bench_test} (stored by {s.stream_test}, which it never reads back), keeps both\n"
+             "BenchResults in its own results bucket, and writes the test split's logs and baseline cache\n"
+             "to {s.object_store_private} (and reads the cache back). The validation split's baseline cache is in\n"
+             "{s.object_store_cache} (read and write).",
+        artifacts=Grant("artifacts: validation logs out"),
+        models=Grant("the trained outputs in, from {s.object_store_models}", write=False),
+        private=Grant("the private store: test-split logs out, the test baseline cache in/out"),
+        cache=Grant("the workers-only cache store: the validation baseline cache in/out\n"
+                    "(`cache/baseline/<key>/scores.json`)"),
+    ),
     # One split's limit; two splits, one after the other.
     timeout=lambda settings: settings.bench_timeout_s,
     serial_runs=2,

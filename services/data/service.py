@@ -39,7 +39,7 @@ from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paths import UnsafePath, regular_file_in
 from shared.runtime import StageContext
-from shared.stagespec import StageSpec
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.data")
 
@@ -197,10 +197,30 @@ def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
     return candidate if candidate is not None and candidate.is_file() else None
 
 
+#: Its NATS user, for the comment above its rules (deploy/nats/accounts.conf).
+_NATS_USER = (
+    "`ftbus worker data`. NOTE: it runs the candidate's process_data.py as a child process (in the\n"
+    "sandbox of docs/sandbox.md, or with the same uid and network), and a child can read its\n"
+    "parent's environment (/proc/<ppid>/environ), FTBUS_NATS_URL included: treat this user as no\n"
+    "more trusted than an agent. Same for train and bench (LlamaFactory/lm-eval run the\n"
+    "candidate's config and model).\n"
+    "\n"
+    "`_INBOX.ftbus-wait-topology.>` (here and for every worker user): the init container of\n"
+    "deploy/k8s (python -m ftbus.topology wait) connects as the worker's user under that name.\n"
+    "Its only requests are STREAM.INFO, which every user may make anyway, so sharing that inbox\n"
+    "between users shows nobody anything new. Nothing else may connect under that name."
+)
+
 SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
                  consumes=lambda s, pipeline: [s.eval_requested], accepts=(EvalRequested,),
                  disk_quota=lambda settings: settings.data_disk_quota_bytes,
                  # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart.
                  concurrency=32, run_limit=lambda settings: settings.data_concurrent_runs,
                  result=DataResult, record_name=FailedStage.data_processing, words="data processing",
+                 grants=Grants(
+                     note=_NATS_USER,
+                     artifacts=Grant("artifacts: read the workspace (metadata get + ordered consumer on the chunks) "
+                                     "and write\ndata.json, data_stats.json (a cache hit's copies too) and logs; "
+                                     "purge: replaced or\nfailed uploads"),
+                     cache=Grant("the workers-only cache store: the data cache in/out (`cache/data/<key>/...`)")),
                  timeout=lambda settings: settings.data_timeout_s, next=Stage.train)

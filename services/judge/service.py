@@ -16,7 +16,7 @@ from shared.campaigns import CampaignStore
 from shared.events import ArtifactRef, FailedStage, JudgeResult, Stage, StageResult, TrainSummary
 from shared.logs import get_logger
 from shared.runtime import StageContext
-from shared.stagespec import StageSpec
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.judge")
 
@@ -91,6 +91,16 @@ SPEC = StageSpec(
     fails=False,  # it judges failures; it has none of its own
     record_name=FailedStage.judge,
     words="judge",
+    grants=Grants(
+        note="`ftbus worker judge`: its consumer reads the validation benchmark's results and every stage's\n"
+             "failures on {s.stream_events} (never {s.bench_test}, which is not in that stream); it publishes\n"
+             "its result. It must NOT read {s.bench_test}, {s.stream_test}, {s.prefix}.report.>,\n"
+             "{s.stream_reports}, the full records, the bench stage's results or the private store, nor read or\n"
+             "write the cache store.",
+        artifacts=Grant("artifacts, read only: train.yaml and the stage logs it judges", write=False),
+        campaigns=Grant("the campaigns ({s.kv_campaigns}: validation data only): read a candidate's campaign, "
+                        "write it back by compare-and-set (services/judge/decide.py)"),
+    ),
     timeout=lambda settings: settings.judge_time_budget_s + settings.judge_request_timeout_s,
     next=Stage.aggregate,
 )

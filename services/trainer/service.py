@@ -32,7 +32,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
 from shared.runtime import StageContext
-from shared.stagespec import StageSpec
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.trainer")
 
@@ -140,4 +140,12 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
 SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
                  disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True,
                  result=TrainResult, record_name=FailedStage.training, words="training",
+                 grants=Grants(
+                     note="`ftbus worker train` (GPU nodes). Same shape as data.",
+                     artifacts=Grant("artifacts: workspace + data.json in, logs out"),
+                     models=Grant("the trained outputs out, to {s.object_store_models} (agents read them there: "
+                                  "`ftbus pull`)"),
+                     no_cache="the workers-only cache store: any read, and any write (train gets the data\n"
+                              "stage's output in the artifacts store; a planted `cache/data/<key>/data.json`\n"
+                              "would be served to every request whose process_data.py hashes to that key)"),
                  timeout=lambda settings: settings.train_timeout_s, next=Stage.bench)
