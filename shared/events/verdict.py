@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shared.events.base import SCHEMA_VERSION, CampaignName, Event, Model, StageName, WorkspaceFile, utcnow
 from shared.events.request import RequestContext
@@ -89,6 +89,18 @@ class JudgeResult(Event):
     llm_usage: LlmUsage | None = None
     #: Every stage's run, the judge's own included, by record name (shared/runtime.py stamps it).
     runs: dict[StageName, StageRun] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_before_runs(cls, data: Any) -> Any:
+        """A request's record (14 days in the requests bucket) may hold a judge's result written
+        before results carried ``runs``: its ``run`` was the judge's own."""
+        if isinstance(data, dict) and "run" in data:
+            data = dict(data)
+            run = data.pop("run")
+            if run is not None and "runs" not in data:
+                data["runs"] = {"judge": run}
+        return data
 
 
 VerdictStatus = Literal["completed", "error", "cancelled"]

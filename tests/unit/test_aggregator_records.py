@@ -374,3 +374,14 @@ async def test_a_record_update_that_always_loses_says_so(bus: MemoryBus) -> None
     bucket.update = always_stale  # type: ignore[method-assign]
     with pytest.raises(Contention, match="concurrent updates won"):
         await store.update("req-1", lambda r: None, attempts=3)
+
+
+def test_a_judge_result_recorded_before_runs_still_reads() -> None:
+    """Records live 14 days: a judge's result written with its former ``run`` reads as its run in ``runs``."""
+    from shared.events import JudgeResult
+
+    recorded = judge_result().model_dump(mode="json", exclude={"runs"})
+    recorded["run"] = {"started_at": "2025-11-30T10:00:00Z", "attempt": 2}
+    assert JudgeResult.model_validate(recorded).runs["judge"].attempt == 2
+    recorded["run"] = None
+    assert JudgeResult.model_validate(recorded).runs == {}
