@@ -28,7 +28,7 @@ from shared.runtime import (
     StageWorker,
 )
 from shared.subjects import msg_id
-from tests.fakes.judge_events import data_failed, train_failed
+from tests.fakes.judge_events import context, data_failed, data_summary, train_summary
 from tests.integration.test_delivery import caught_up, poll
 
 Handler = Callable[[DataResult, StageContext], Awaitable[list[TrainResult]]]
@@ -55,7 +55,8 @@ async def send(bus: Bus, rid: str) -> None:
 
 
 def result_of(rid: str) -> TrainResult:
-    return train_failed().model_copy(update={"request_id": rid})
+    """A training's result that says it succeeded: the worker publishes it on train.completed."""
+    return TrainResult(request_id=rid, ok=True, context=context(), data=data_summary(), train=train_summary())
 
 
 async def published(bus: Bus, subject: str) -> int:
