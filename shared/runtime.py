@@ -21,6 +21,9 @@ the load). For each message:
 
 While a handler runs, ``in_progress()`` is sent every ``heartbeat_s`` so that ack_wait only
 expires when the worker is really gone, and the message then goes to another worker.
+
+What a handler is given and returns is shared/handling.py; what happens around it (the stored
+result, cancels, progress), shared/policies.py.
 """
 
 from __future__ import annotations
