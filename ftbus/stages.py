@@ -1,8 +1,9 @@
 """The pipeline: every stage's spec, in order. Nothing else lists the stages.
 
 The CLI runs them from here (`ftbus up`, `ftbus worker STAGE`), each worker's consumer filters on
-its spec's ``consumes``, the aggregator learns what the stages read from it, and the progress views
-take their order and labels from it.
+what its row reads and its results are routed by its row, the aggregator learns what the stages
+read from it, the permission generator makes each stage's NATS user from it, and the progress views
+take their order and labels from it (docs/architecture.md, "The pipeline table").
 """
 
 from __future__ import annotations

@@ -86,11 +86,13 @@ def decode(payload: bytes, expected: type[E] | tuple[type[BaseModel], ...] | Non
             f"schema_version {version!r} is not supported (this build reads {SCHEMA_VERSION})", rid
         )
     type_name = body.pop(TYPE_KEY, None)
-    cls = EVENT_TYPES.get(type_name) if isinstance(type_name, str) else None
+    allowed = () if expected is None else expected if isinstance(expected, tuple) else (expected,)
+    # The types expected here first: a stage another pipeline adds has a result type of its own.
+    known = {**EVENT_TYPES, **{c.__name__: c for c in allowed}}
+    cls = known.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
         raise UnknownEventType(f"unknown event_type {type_name!r}", rid)
     if expected is not None:
-        allowed = expected if isinstance(expected, tuple) else (expected,)
         if cls not in allowed:
             names = ", ".join(c.__name__ for c in allowed)
             raise UnknownEventType(f"got {type_name}, expected {names}", rid)

@@ -121,10 +121,9 @@ def outcome_of(outgoing: list[Outgoing]) -> Outcome:
 
 
 def _runs(event: Any) -> list[Any]:
-    """The runs of candidate code an event reports: its own outcome, its data and train summaries'."""
-    found = [getattr(event, "outcome", None), *(getattr(getattr(event, part, None), "outcome", None)
-                                                for part in ("data", "train"))]
-    return [run for run in found if isinstance(run, StageOutcome)]
+    """The run of candidate code an event reports: its stage's own outcome (shared/events: StageResult)."""
+    found = getattr(event, "outcome", None)
+    return [found] if isinstance(found, StageOutcome) else []
 
 
 def stage_done(stage: str, outcome: str, seconds: float) -> None:

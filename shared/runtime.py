@@ -10,7 +10,10 @@ the load). For each message:
 - already done (redelivery after a crash between store and ack) -> republish the stored result, ack
                              (looked up before every handling of a stage that runs candidate code,
                              and on every redelivery of the others);
-- handler returns         -> results stored under (request_id, stage), published with
+- handler returns         -> its results routed by the stage's row: each on ``<stage>.completed`` or
+                             ``<stage>.failed`` by its ``ok``, stamped with the stage's run under its
+                             record name (and ``failed_stage`` when the handler named none); stored
+                             under (request_id, stage), published with
                              ``Nats-Msg-Id = <request_id>:<stage>:<kind>``, then ack. A candidate's
                              failure is such a result: published and acked, never retried;
 - handler raises          -> an infrastructure error: nak with backoff, up to ``max_deliver``;
@@ -18,113 +21,64 @@ the load). For each message:
 
 While a handler runs, ``in_progress()`` is sent every ``heartbeat_s`` so that ack_wait only
 expires when the worker is really gone, and the message then goes to another worker.
+
+What a handler is given and returns is shared/handling.py; what happens around it (the stored
+result, cancels, progress), shared/policies.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import dataclasses
 import shutil
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgpack
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel
 
 from runners.base import Runner
 from shared import codec
-from shared.artifacts import ArtifactStore
 from shared.bus import Bus
 from shared.consumer import Slot, consume
-from shared.events import CancelRequested, DeadLetter, Progress, Stage, StageRun
+from shared.events import DeadLetter, StageRun
+from shared.handling import Handler, Outgoing, StageContext
 from shared.logs import bound, get_logger
-from shared.records import RequestStatusView
-from shared.settings import Settings
-from shared.subjects import Subjects, msg_id
+from shared.policies import (
+    AnnounceProgress,
+    IdempotencyStore,
+    Policy,
+    SkipCancelled,
+    is_cancelled,
+    stage_policies,
+)
+from shared.subjects import msg_id
 from shared.tasks import cancel_until_done
 
+if TYPE_CHECKING:
+    from shared.stagespec import StageSpec
+
+#: Importable from here as before the split (shared/handling.py, shared/policies.py).
+__all__ = [
+    "AnnounceProgress",
+    "Handler",
+    "IdempotencyStore",
+    "Outgoing",
+    "Policy",
+    "SkipCancelled",
+    "StageContext",
+    "StageWorker",
+    "always_dead_letter",
+    "is_cancelled",
+    "never_dead_letter",
+    "route",
+    "stage_policies",
+]
+
 log = get_logger("ftbus.runtime")
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """One event a handler wants published. ``kind`` completes its de-duplication id."""
-
-    subject: str
-    event: BaseModel
-    kind: str
-
-    @functools.cached_property
-    def payload(self) -> bytes:
-        """The event encoded: the same bytes are published and stored (IdempotencyStore)."""
-        return codec.encode(self.event)
-
-
-@dataclass
-class StageContext:
-    bus: Bus
-    stage: Stage
-    request_id: str
-    artifacts: ArtifactStore
-    #: What runs candidate code; None for a stage that runs none (the judge, the aggregator).
-    runner: Runner | None
-    deliveries: int
-    #: The stage's folder of working folders (``<work>/<stage>``): see :attr:`workdir`.
-    workdirs: Path
-    subject: str = ""
-    slot: Slot | None = None
-    #: Whether the handler asked for its working folder (only then is it looked for, and deleted, after).
-    workdir_used: bool = False
-    #: When the handler started (its results say so: :class:`~shared.events.StageRun`).
-    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    #: What the handler found, said on this message's ``stage finished`` line (:meth:`tell`).
-    told: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def workdir(self) -> Path:
-        """This message's working folder, made by the handler if it needs one, deleted once the
-        message is done."""
-        self.workdir_used = True
-        return self.workdir_path
-
-    @property
-    def workdir_path(self) -> Path:
-        """The working folder's path, whether or not the handler asked for it."""
-        return self.workdirs / f"{self.request_id}-{self.deliveries}"
-
-    @property
-    def settings(self) -> Settings:
-        return self.bus.settings
-
-    @property
-    def subjects(self) -> Subjects:
-        return self.bus.subjects
-
-    def device_done(self) -> None:
-        """This message's device work (the GPU run) is over: the worker may fetch its next message
-        while this one finishes (uploads, results). A no-op for a stage without device slots."""
-        if self.slot is not None:
-            self.slot.release()
-
-    def tell(self, **facts: Any) -> None:
-        """Facts of this handling (a refusal's reason, the judge's decision) for the log line that
-        ends it, ``stage finished``: one line says what the handling found."""
-        self.told.update(facts)
-
-    async def progress(self, state: str = "running", **fields: Any) -> None:
-        """Progress for clients and dashboards (core NATS, at most once), saying which attempt it is."""
-        event = Progress(request_id=self.request_id, stage=self.stage, state=state, attempt=self.deliveries,  # type: ignore[arg-type]
-                         **fields)
-        await self.bus.publish_core(self.subjects.progress(self.request_id), event)
-
-
-Handler = Callable[[Any, StageContext], Awaitable[list[Outgoing]]]
 
 
 def _deliveries(msg: Msg) -> int:
@@ -133,147 +87,6 @@ def _deliveries(msg: Msg) -> int:
         return int(msg.metadata.num_delivered)
     except Exception:  # not a JetStream message (nats-py raises on a plain reply subject)
         return 1
-
-
-def _stage_key(request_id: str, stage: Stage) -> str:
-    return f"{request_id}.{stage}"
-
-
-# ---------------------------------------------------------------------------- policies
-#
-# What a consumer does around its handler is a list of small policies, each one job. A stage
-# worker has all four; the aggregator only the metrics (it must see cancelled requests, keeps no
-# results of its own, and announces nothing).
-
-
-class Policy:
-    """Hooks around one message's handling; each defaults to doing nothing."""
-
-    async def start(self, worker: StageWorker) -> None:
-        """The worker starts (before any message)."""
-
-    async def stop(self) -> None:
-        """The worker stops."""
-
-    async def skip(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
-        """True: the message needs no handling (it is acked as it is). Every policy is asked, at once."""
-        return False
-
-    async def started(self, ctx: StageContext) -> None:
-        """The handler starts."""
-
-    async def beat(self, worker: StageWorker, request_id: str) -> None:
-        """At every heartbeat while the handler runs."""
-
-    async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        """The handler returned; its events are being published (beside this)."""
-
-    async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        """The events are published and the message acked."""
-
-    async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        """The handler raised: the message is naked for another attempt."""
-
-    async def cancelled(self, ctx: StageContext) -> None:
-        """The request was cancelled while the handler ran: the message is acked, nothing published."""
-
-    def ended(self, ctx: StageContext) -> None:
-        """The handling is over, however it ended (also a failed publish, or the worker stopping)."""
-
-
-class IdempotencyStore(Policy):
-    """Stores what the handler published under (request_id, stage); a redelivery after a crash
-    between store and ack republishes it instead of running the stage again.
-
-    A stage that runs candidate code looks before every handling: a first delivery may be a replay
-    (the durable consumer recreated delivers the stream again, as first deliveries), and nothing
-    must be trained twice. The others look on redeliveries only."""
-
-    async def skip(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
-        if deliveries <= 1 and not worker.runs_candidate_code:
-            return False
-        bus = worker.bus
-        kv = await bus.kv(bus.subjects.kv_stage_results(worker.stage))
-        try:
-            entry = await kv.get(_stage_key(request_id, worker.stage))
-        except KeyNotFoundError:
-            return False
-        if not entry.value:
-            return False
-        for subject, kind, payload in msgpack.unpackb(entry.value, raw=False):
-            await bus.publish_payload(subject, payload, msg_id(request_id, worker.stage, kind))
-        log.info("stage already done, republished its stored result")
-        return True
-
-    async def done(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        kv = await ctx.bus.kv(ctx.subjects.kv_stage_results(ctx.stage))
-        packed = msgpack.packb([[o.subject, o.kind, o.payload] for o in outgoing], use_bin_type=True)
-        await kv.put(_stage_key(ctx.request_id, ctx.stage), packed)
-
-
-class SkipCancelled(Policy):
-    """A cancelled request is skipped, and its running work killed: on the cancel event (core
-    NATS), and, since a worker cut off from the server misses that, on the request's status: a
-    stage that runs candidate code reads it before it starts, and every stage at each heartbeat."""
-
-    #: Cancels heard on the core subject that this worker remembers (the status record says it too).
-    MEMORY = 1024
-
-    def __init__(self) -> None:
-        self._worker: StageWorker | None = None
-        self._sub: Any = None
-        self._seen: dict[str, None] = {}
-
-    async def start(self, worker: StageWorker) -> None:
-        self._worker = worker
-        self._sub = await worker.bus.nc.subscribe(worker.bus.subjects.cancel, cb=self._on_cancel)
-
-    async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-
-    async def skip(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
-        if request_id in self._seen or (worker.runs_candidate_code and await is_cancelled(worker.bus, request_id)):
-            log.info("request was cancelled, skipping")
-            return True
-        return False
-
-    async def beat(self, worker: StageWorker, request_id: str) -> None:
-        if await is_cancelled(worker.bus, request_id):
-            worker.cancel_running(request_id, "cancelled (seen in the status record)")
-
-    async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            event = codec.decode(msg.data, CancelRequested)
-        except codec.CodecError:
-            return  # the aggregator dead-letters bad control messages
-        self._seen[event.request_id] = None
-        while len(self._seen) > self.MEMORY:
-            self._seen.pop(next(iter(self._seen)))
-        if self._worker is not None:
-            self._worker.cancel_running(event.request_id, event.reason)
-
-
-class AnnounceProgress(Policy):
-    """Started / finished / failed / retrying progress events for clients and dashboards."""
-
-    async def started(self, ctx: StageContext) -> None:
-        await ctx.progress("started", message=f"attempt {ctx.deliveries}")
-
-    async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
-        ok = all(not out.kind.endswith("failed") for out in outgoing)
-        await ctx.progress("finished" if ok else "failed", message=", ".join(o.kind for o in outgoing))
-
-    async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        await ctx.progress("retrying", message=f"{type(exc).__name__}: {exc}"[:500])
-
-
-def stage_policies() -> tuple[Policy, ...]:
-    """What every stage worker does around its handler."""
-    from shared.stage_metrics import MetricsPolicy  # a Policy itself: imported once this module is
-
-    return (SkipCancelled(), IdempotencyStore(), AnnounceProgress(), MetricsPolicy())
 
 
 #: Whether this consumer dead-letters an unreadable message on ``subject``: None to do it, or the
@@ -289,18 +102,6 @@ def never_dead_letter(subject: str) -> str | None:
     return "a dead letter that cannot be read is dropped (it would loop back to the dead-letter stream)"
 
 
-async def is_cancelled(bus: Bus, request_id: str) -> bool:
-    kv = await bus.kv(bus.subjects.kv_status)
-    try:
-        entry = await kv.get(request_id)
-    except KeyNotFoundError:
-        return False
-    if not entry.value:
-        return False
-    view = RequestStatusView.model_validate_json(entry.value)
-    return view.cancel_requested or view.status == "cancelled"
-
-
 # ---------------------------------------------------------------------------- the worker
 
 
@@ -308,15 +109,16 @@ class StageWorker:
     """Consumes one stage's messages (``concurrency`` at a time in this process) with its handler.
 
     ``runner``: what runs candidate code (the sandbox: runners/choice.py), None for a stage
-    that runs none. ``policies`` say what happens around the handler (default:
-    :func:`stage_policies`); ``dead_letter`` says which unreadable messages this consumer
-    dead-letters (default: all).
+    that runs none. ``row``: the stage's row of the pipeline table, which names its results' record
+    and timeout (:meth:`StageSpec.worker` gives it); without one, the stage's name stands in.
+    ``policies`` say what happens around the handler (default: :func:`stage_policies`);
+    ``dead_letter`` says which unreadable messages this consumer dead-letters (default: all).
     """
 
     def __init__(
         self,
         bus: Bus,
-        stage: Stage,
+        stage: str,
         handler: Handler,
         expected: tuple[type[BaseModel], ...],
         *,
@@ -329,6 +131,7 @@ class StageWorker:
         policies: Sequence[Policy] | None = None,
         dead_letter: DeadLetterRule = always_dead_letter,
         log_each: bool = True,
+        row: StageSpec | None = None,
     ) -> None:
         self.bus = bus
         self.stage = stage
@@ -347,10 +150,11 @@ class StageWorker:
         self.filters = list(filters)
         self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
         self.dead_letter = dead_letter
+        self.row = row
         #: Log every message's start and end at INFO (a stage's runs); off: at DEBUG (the
         #: aggregator's several events per request, which log what they change themselves).
         self._note = log.info if log_each else log.debug
-        self._running: dict[str, asyncio.Task[list[Outgoing]]] = {}
+        self._running: dict[str, asyncio.Task[Sequence[BaseModel | Outgoing]]] = {}
         self._cancelled: set[str] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -408,7 +212,7 @@ class StageWorker:
                 return
             ctx = StageContext(
                 self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
-                self._workdirs, subject=msg.subject, slot=slot,
+                self._workdirs, subject=msg.subject, slot=slot, row=self.row,
             )
             try:
                 await self._handle(ctx, msg, event)
@@ -434,7 +238,7 @@ class StageWorker:
         handling = self._running[request_id] = asyncio.create_task(self.handler(event, ctx))
         heartbeat = asyncio.create_task(self._heartbeat(msg, request_id))
         try:
-            outgoing = await handling
+            returned = await handling
         except asyncio.CancelledError:
             if request_id in self._cancelled:
                 # The user cancelled it: the aggregator publishes the verdict; the work is over.
@@ -460,7 +264,7 @@ class StageWorker:
             self._running.pop(request_id, None)
             self._cancelled.discard(request_id)
             await cancel_until_done([heartbeat])
-        _stamp(outgoing, ctx)
+        outgoing = [route(item, event, ctx) for item in returned]
         try:
             # The stored result and the published events go out together, then the ack. Either
             # order is safe: a redelivery finds the stored result and republishes it, or runs the
@@ -516,13 +320,31 @@ class StageWorker:
         await msg.term()
 
 
-def _stamp(outgoing: list[Outgoing], ctx: StageContext) -> None:
-    """Each result says which handling made it, and when that started (StageRun): the record's
+def route(item: BaseModel | Outgoing, incoming: Any, ctx: StageContext) -> Outgoing:
+    """Where one of a handler's events goes (the handler read ``incoming``): a result on
+    ``<stage>.completed``, or on ``<stage>.failed`` when it says the candidate failed (``ok``); an
+    :class:`Outgoing` where it says. Before its payload is encoded (Outgoing.payload, once), a result
+    is stamped: the stage's record name as ``failed_stage`` if it failed and the handler named no
+    other, and its run under that name beside the earlier stages' (StageRun), so that the record's
     timeline holds a stage's start and attempts even when its progress messages (at most once) were
-    lost. Before the payloads are encoded (Outgoing.payload, once)."""
-    for out in outgoing:
-        if "run" in type(out.event).model_fields:
-            out.event.run = StageRun(started_at=ctx.started_at, attempt=ctx.deliveries)  # type: ignore[attr-defined]
+    lost, and the judge reads every stage's run without naming the stages."""
+    event = _stamped(item.event if isinstance(item, Outgoing) else item, incoming, ctx)
+    if isinstance(item, Outgoing):
+        return dataclasses.replace(item, event=event)
+    ok = getattr(event, "ok", True)
+    s = ctx.subjects
+    return Outgoing(s.completed(ctx.stage) if ok else s.failed(ctx.stage), event, "completed" if ok else "failed")
+
+
+def _stamped(event: BaseModel, incoming: Any, ctx: StageContext) -> BaseModel:
+    fields = type(event).model_fields
+    if "runs" not in fields:
+        return event
+    run = StageRun(started_at=ctx.started_at, attempt=ctx.deliveries, outcome=getattr(event, "outcome", None))
+    update: dict[str, Any] = {"runs": {**getattr(incoming, "runs", {}), ctx.record_name: run}}
+    if "ok" in fields and not event.ok and getattr(event, "failed_stage", None) is None:
+        update["failed_stage"] = ctx.record_name
+    return event.model_copy(update=update)
 
 
 def _cleanup(workdir: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import (
@@ -20,9 +20,6 @@ from pydantic_settings import (
 )
 
 from shared.statistics import check_level
-
-if TYPE_CHECKING:
-    from shared.events import RunStage
 
 DAY = 86400.0
 
@@ -127,6 +124,8 @@ class Settings(BaseSettings):
     )
 
     # ------------------------------------------------------------------ stage limits
+    # Each is a stage's timeout as its row of the pipeline table reads it (StageSpec.timeout); a
+    # request may lower it, never raise it (Timeouts, StageSpec.timeout_in).
     data_timeout_s: float = Field(default=3600.0, gt=0, description="process_data.py (reference: 1 h).")
     train_timeout_s: float = Field(default=360000.0, gt=0, description="Training (reference: 100 h).")
     bench_timeout_s: float = Field(default=7 * DAY, gt=0, description="One benchmark split (reference: 7 d).")
@@ -454,11 +453,6 @@ class Settings(BaseSettings):
             return self.url_file.read_text().strip() or None
         return None
 
-    def timeout_for(self, stage: RunStage, requested: float | None) -> float:
-        """A request may lower a stage's timeout, never raise it."""
-        base = {"data_processing": self.data_timeout_s, "training": self.train_timeout_s,
-                "benchmark": self.bench_timeout_s}[stage]
-        return min(base, requested) if requested else base
 
 
 # Set only while load_settings() builds a Settings: a --config flag must not leak into the

@@ -2,12 +2,13 @@
 
 A spec is one row of the pipeline table (``ftbus/stages.py``): what its durable consumer reads
 (``consumes``), which events it accepts, what it publishes (``emits``), its handler and how it runs,
-and what the rest of the system needs to know of it: its result type (published on
-``<stage>.completed`` and ``<stage>.failed``), its name in the record and the verdict
-(``record_name``), how long it may run (``timeout``) and the stage that follows it (``next``). The
-CLI, each consumer's filters, the aggregator's record transitions and sweeper, the permission
-generator and the progress views derive from the table. (The judge reads each stage's run from the
-typed fields of its own events: services/judge/facts.py.)
+and what the rest of the system needs to know of it: its result type (its worker publishes each
+result on ``<stage>.completed`` or ``<stage>.failed`` by its ``ok``), its name in the record and the
+verdict (``record_name``, under which its results carry its run), how long one run may take
+(``timeout``: the only place it is kept), what its NATS user may touch (``grants``) and the stage
+that follows it (``next``). The CLI, each consumer's filters and accepted types, the aggregator's
+record transitions and sweeper, the judge's view of the stages' runs, the permission generator and
+the progress views derive from the table.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from runners.choice import make_runner
 from runners.limit import LimitedRunner
 from runners.metered import MeteredRunner
 from runners.quota import with_quota
-from shared.events import FailedStage
+from shared.events import FailedStage, Timeouts
 from shared.logs import get_logger
 from shared.runtime import Handler, Policy, StageWorker, stage_policies
 from shared.settings import Settings
@@ -41,18 +42,52 @@ ReadsOf = Callable[[Subjects, Sequence["StageSpec"]], list[str]]
 
 
 @dataclass(frozen=True)
+class Grant:
+    """One place a stage's NATS user may use beyond what every stage worker gets: ``why`` it does (the
+    comment above its rules in deploy/nats/accounts.conf), and whether it also writes there."""
+
+    why: str
+    write: bool = True
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What a stage's NATS user may touch besides what every stage worker gets (its consumer, its
+    results, dead letters, progress, the public view, its own results bucket): ftbus/permissions.py
+    writes its rules from these, and denies it every place not granted. Texts may name subjects as
+    ``{s.<name>}`` (a :class:`~shared.subjects.Subjects`), filled in for the prefix generated for."""
+
+    #: What its user is, for the comment above it (a stage of ftbus's own says more than its words).
+    note: str = ""
+    #: The artifacts store (workspaces, data, validation logs).
+    artifacts: Grant = Grant("artifacts: read and write")
+    #: The trained outputs' store (``ftbus_models``).
+    models: Grant | None = None
+    #: The private store (test-split logs and baselines).
+    private: Grant | None = None
+    #: The workers-only cache store (content-addressed caches: whoever writes them is trusted by all).
+    cache: Grant | None = None
+    #: Why the cache store is denied to it, where that says more than the common reason.
+    no_cache: str = ""
+    #: The campaigns bucket (validation data only), read and compare-and-set write.
+    campaigns: Grant | None = None
+
+
+@dataclass(frozen=True)
 class StageSpec:
     #: Its name: a :class:`~shared.events.Stage` for ftbus's own stages, any short name for another.
     stage: str
     #: How progress views name it.
     label: str
-    accepts: tuple[type[BaseModel], ...]
+    #: The events it handles; None: the results of the stages it reads (:meth:`accepted`).
+    accepts: tuple[type[BaseModel], ...] | None = None
     #: None for the aggregator, whose handler belongs to its instance.
-    handler: Handler | None
+    handler: Handler | None = None
     #: What its durable consumer reads; None: the results of the stages whose ``next`` it is (and,
     #: with ``judges_failures``, every stage's failures): see :meth:`reads`.
     consumes: ReadsOf | None = None
-    #: What it publishes; None: its result's subjects (:meth:`subjects`).
+    #: What it publishes; None: its result's subjects (:meth:`subjects`). A stage that publishes an
+    #: event outside its results returns it as an ``Outgoing`` on a subject listed here.
     emits: SubjectsOf | None = None
     #: It reads every stage's failures (the judge).
     judges_failures: bool = False
@@ -89,10 +124,40 @@ class StageSpec:
     record_name: str = FailedStage.aggregate
     #: How messages name it ("ERROR in the data processing stage").
     words: str = ""
-    #: How long one of its runs may take (a setting): the sweeper ends a request silent for longer.
+    #: What its NATS user may touch (ftbus/permissions.py): by default only the artifacts store.
+    grants: Grants = Grants()
+    #: How long one run of its candidate code may take (a setting); a request may lower it, never
+    #: raise it (``Timeouts``, by record name: :meth:`timeout_in`). The one place a stage's timeout
+    #: is kept: its handler asks ``ctx.timeout(context)``, the sweeper :meth:`limit`.
     timeout: Callable[[Settings], float] = lambda settings: settings.data_timeout_s
+    #: Runs of candidate code one handling makes one after the other (the bench stage's two splits):
+    #: the sweeper waits that many timeouts.
+    serial_runs: int = 1
     #: The stage that reads its results when it succeeded; None: the end of the line.
     next: str | None = None
+
+    def timeout_in(self, settings: Settings, timeouts: Timeouts) -> float:
+        """One run's limit for a request: the setting, lowered if the request asks (never raised)."""
+        setting = self.timeout(settings)
+        requested = timeouts.of(self.record_name)
+        return min(setting, requested) if requested else setting
+
+    def limit(self, settings: Settings) -> float:
+        """How long a request may stay in this stage: its runs one after the other (the sweeper's
+        limit, before its grace)."""
+        return self.serial_runs * self.timeout(settings)
+
+    def leads_to(self, pipeline: Sequence[StageSpec]) -> list[StageSpec]:
+        """The rows whose results it reads in ``pipeline``: those whose ``next`` it is, and with
+        ``judges_failures`` every row that fails."""
+        return [spec for spec in pipeline if spec.result is not None
+                and (spec.next == self.stage or (self.judges_failures and spec.fails))]
+
+    def accepted(self, pipeline: Sequence[StageSpec]) -> tuple[type[BaseModel], ...]:
+        """The events its worker decodes: ``accepts``, else the result types of the rows it reads."""
+        if self.accepts is not None:
+            return self.accepts
+        return tuple(dict.fromkeys(spec.result for spec in self.leads_to(pipeline) if spec.result is not None))
 
     def reads(self, s: Subjects, pipeline: Sequence[StageSpec]) -> list[str]:
         """The subjects its consumer reads, in ``pipeline``."""
@@ -159,6 +224,6 @@ class StageSpec:
         if policies is None:
             policies = (*stage_policies(), *self.extra_policies())
         slots = concurrency if self.device_phase else None
-        return StageWorker(bus, self.stage, self.handler, self.accepts,
+        return StageWorker(bus, self.stage, self.handler, self.accepted(pipeline),
                            concurrency=2 * concurrency if self.device_phase else concurrency,
-                           device_slots=slots, runner=runner, filters=filters, policies=policies)
+                           device_slots=slots, runner=runner, filters=filters, policies=policies, row=self)

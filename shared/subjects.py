@@ -40,6 +40,8 @@ class Subjects:
 
     @property
     def bench_test(self) -> str:
+        """The hidden test split's results: the one subject of the TEST stream (the bench stage's
+        spec lists it among what it ``emits``)."""
         return f"{self.prefix}.bench.test"
 
     @property
@@ -86,8 +88,9 @@ class Subjects:
 
     def event_stream_subjects(self, stages: Sequence[str] | None = None) -> list[str]:
         """The events stream's subjects: the request, cancels, and the results of ``stages`` (the
-        pipeline's; None: ftbus's own), the hidden test split's excepted: it has a stream of its own."""
-        stages = [stage for stage in (Stage if stages is None else stages) if stage != Stage.aggregate]
+        pipeline's stage names, from its table; None: ftbus's own, :func:`pipeline_stages`), the
+        hidden test split's excepted: it has a stream of its own."""
+        stages = [stage for stage in pipeline_stages(stages) if stage != Stage.aggregate]
         return [self.eval_requested, self.cancel,
                 *(subject for stage in stages for subject in (self.completed(stage), self.failed(stage)))]
 
@@ -143,11 +146,18 @@ class Subjects:
         return f"{self.prefix}_models"
 
 
-def topology_stream_names(subjects: Subjects) -> list[str]:
-    """Every stream `Bus.ensure_topology` creates, KV buckets and object stores included (as the
-    server names them): what a readiness check must find before a restricted worker starts."""
-    from shared.events import Stage
+def pipeline_stages(stages: Sequence[str] | None = None) -> list[str]:
+    """The stage names of a pipeline: ``stages`` (from its table, ``spec.stage`` of each row), else
+    ftbus's own. shared/ cannot import ftbus's table (ftbus/stages.py imports the services), so a
+    caller without a table (``Bus.ensure_topology()``, `ftbus topology`) gets the names of
+    :class:`~shared.events.Stage`, which tests/unit/test_pipeline_specs.py holds equal to the table's."""
+    return list(Stage if stages is None else stages)
 
+
+def topology_stream_names(subjects: Subjects, stages: Sequence[str] | None = None) -> list[str]:
+    """Every stream `Bus.ensure_topology` creates for the pipeline of ``stages`` (:func:`pipeline_stages`),
+    KV buckets and object stores included (as the server names them): what a readiness check must
+    find before a restricted worker starts."""
     return [
         subjects.stream_events,
         subjects.stream_test,
@@ -158,7 +168,7 @@ def topology_stream_names(subjects: Subjects) -> list[str]:
         f"KV_{subjects.kv_requests}",
         f"KV_{subjects.kv_status}",
         f"KV_{subjects.kv_campaigns}",
-        *(f"KV_{subjects.kv_stage_results(stage)}" for stage in Stage),
+        *(f"KV_{subjects.kv_stage_results(stage)}" for stage in pipeline_stages(stages)),
         f"OBJ_{subjects.object_store}",
         f"OBJ_{subjects.object_store_cache}",
         f"OBJ_{subjects.object_store_private}",

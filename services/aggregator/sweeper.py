@@ -76,8 +76,8 @@ class Sweeper:
                 await self.apply(key, lambda r, row=row, silent=silent: on_stuck(r, row, silent))  # type: ignore[misc]
 
     def limit(self, stage: str | None) -> timedelta:
-        """How long a request may stay silent in ``stage`` (its row's timeout, and some grace)."""
+        """How long a request may stay silent in ``stage`` (its row's timeout, and some grace); before
+        any stage: the first row's."""
         settings = self.bus.settings
-        row = self.rows.get(stage or "")
-        timeout = row.timeout(settings) if row is not None else settings.data_timeout_s
-        return timedelta(seconds=timeout + settings.stuck_grace_s)
+        row = self.rows.get(stage or "") or next(iter(self.rows.values()))
+        return timedelta(seconds=row.limit(settings) + settings.stuck_grace_s)

@@ -80,7 +80,7 @@ def on_stage_result(record: RequestRecord, event: StageResult, row: StageSpec, j
     """A stage's result (``row``'s): its timing, and the stage the request is in now: the next one,
     or ``judge`` (who judges every failure)."""
     timing = _timing(record, row.stage)
-    _ran(timing, event.run)
+    _ran(timing, event.runs.get(row.record_name))
     timing.finished_at = event.emitted_at
     timing.ok = event.ok
     if record.verdict is None:
@@ -98,7 +98,7 @@ def on_test(record: RequestRecord, event: BenchResult) -> None:
 
 def on_judge(record: RequestRecord, event: JudgeResult, row: StageSpec) -> None:
     timing = _timing(record, row.stage)
-    _ran(timing, event.run)
+    _ran(timing, event.runs.get(row.record_name))
     timing.finished_at = event.emitted_at
     timing.ok = True
     record.judge = event

@@ -1,7 +1,8 @@
 """The benchmark stage: the validation and the hidden test split, in parallel, plus the baseline.
 
-Consumes ``train.completed``. Publishes ``bench.completed``/``bench.failed`` (validation, read by
-the judge) and ``bench.test`` (test split, on its own stream, read by the aggregator only).
+Consumes ``train.completed``. Returns the validation split's ``BenchResult`` (its worker publishes it on
+``bench.completed``/``bench.failed``, read by the judge) and the test split's as an ``Outgoing`` on
+``bench.test`` (its own stream, read by the aggregator only).
 The base model's scores are computed once per (model, benchmark, split manifest, backend) and
 cached in the artifact store, so the verdict can show the candidate beside the baseline.
 """
@@ -42,7 +43,7 @@ from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paired import compare_scores
 from shared.runtime import Outgoing, StageContext
-from shared.stagespec import StageSpec
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.benchmark")
 
@@ -68,7 +69,7 @@ def detect_device(setting: str) -> str:
     return "cuda" if has_gpu else "cpu"
 
 
-async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
+async def handle(event: TrainResult, ctx: StageContext) -> list[BenchResult | Outgoing]:
     settings = ctx.settings
     task = event.context.task
     try:
@@ -97,7 +98,7 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[Outgoing]:
     if settings.bench_backend == "lm-eval" and settings.bench_engine == "warm":
         return await _handle_warm(ctx, event, spec, model, base_model, device, inference)
 
-    async def one_split(split: SplitName) -> list[Outgoing]:
+    async def one_split(split: SplitName) -> list[BenchResult | Outgoing]:
         manifest = make_split(spec, split, settings.bench_max_items)
         candidate = await _run_split(ctx, event, spec, manifest, model, device, inference, label=split)
         baseline = None
@@ -138,11 +139,12 @@ def _result(
     split: SplitName,
     run: SplitRun,
     baseline: BaselineComparison | None,
-) -> Outgoing:
-    ok = run.error is None
+) -> BenchResult | Outgoing:
+    """The validation split's result (the worker routes it to ``bench.completed`` or ``bench.failed``),
+    or the test split's, on ``bench.test``: an event outside the stage's results (in its spec's ``emits``)."""
     result = BenchResult(
         request_id=event.request_id,
-        ok=ok,
+        ok=run.error is None,
         split=split,
         context=event.context,
         data=event.data,
@@ -150,13 +152,9 @@ def _result(
         benchmark=run.scores,
         baseline=baseline,
         outcome=run.outcome,
-        failed_stage=None if ok else FailedStage.benchmark,
         error=run.error,
     )
-    s = ctx.subjects
-    if split == "test":
-        return Outgoing(s.bench_test, result, "test")
-    return Outgoing(s.completed("bench") if ok else s.failed("bench"), result, "completed" if ok else "failed")
+    return Outgoing(ctx.subjects.bench_test, result, "test") if split == "test" else result
 
 
 async def _run_split(
@@ -181,7 +179,7 @@ async def _run_split(
         )
     except PREPARE_ERRORS as exc:
         return SplitRun(None, None, f"{name} ({label}) cannot run: {exc}")
-    timeout = settings.timeout_for("benchmark", event.context.timeouts.benchmark)
+    timeout = ctx.timeout(event.context)
     log_path = run_dir / LOG_FILES[backend]
     await ctx.progress(message=f"{label}: {name} on {sum(len(v) for v in manifest.item_ids.values())} items")
     env = dict(prepared_env)
@@ -257,12 +255,12 @@ async def _handle_warm(
     base_model: Path,
     device: str,
     inference: InferenceConfig,
-) -> list[Outgoing]:
+) -> list[BenchResult | Outgoing]:
     """Both splits on the worker's warm engine: one job (one model load) for the candidate's
     validation and test splits, then one for the base model's uncached baselines."""
     settings = ctx.settings
     engine = engine_for(ctx.runner, settings)
-    timeout = settings.timeout_for("benchmark", event.context.timeouts.benchmark)
+    timeout = ctx.timeout(event.context)
     manifests = {split: make_split(spec, split, settings.bench_max_items) for split in ("validation", "test")}
     name = LABELS[settings.bench_backend]
 
@@ -402,8 +400,7 @@ def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None
 SPEC = StageSpec(
     stage=Stage.bench,
     label="benchmark",
-    accepts=(TrainResult,),
-    # The test split goes to its own stream, which only the aggregator reads.
+    # The test split goes to its own stream, which only the aggregator reads (an Outgoing of its own).
     emits=lambda s: [s.completed("bench"), s.failed("bench"), s.bench_test],
     handler=handle,
     sandboxed=True,
@@ -412,7 +409,20 @@ SPEC = StageSpec(
     result=BenchResult,
     record_name=FailedStage.benchmark,
     words="benchmark",
-    # Two splits, one after the other.
-    timeout=lambda settings: 2 * settings.bench_timeout_s,
+    grants=Grants(
+        note="`ftbus worker bench` (GPU nodes). It PRODUCES the test split's result: it publishes\n"
+             "{s.bench_test} (stored by {s.stream_test}, which it never reads back), keeps both\n"
+             "BenchResults in its own results bucket, and writes the test split's logs and baseline cache\n"
+             "to {s.object_store_private} (and reads the cache back). The validation split's baseline cache is in\n"
+             "{s.object_store_cache} (read and write).",
+        artifacts=Grant("artifacts: validation logs out"),
+        models=Grant("the trained outputs in, from {s.object_store_models}", write=False),
+        private=Grant("the private store: test-split logs out, the test baseline cache in/out"),
+        cache=Grant("the workers-only cache store: the validation baseline cache in/out\n"
+                    "(`cache/baseline/<key>/scores.json`)"),
+    ),
+    # One split's limit; two splits, one after the other.
+    timeout=lambda settings: settings.bench_timeout_s,
+    serial_runs=2,
     next=Stage.judge,
 )

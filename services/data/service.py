@@ -1,6 +1,7 @@
 """The data stage: pre-check the workspace, run ``process_data.py``, check and describe ``data.json``.
 
-Consumes ``eval.requested``; publishes ``data.completed`` or ``data.failed``. The result is cached
+Consumes ``eval.requested``; returns a ``DataResult``, which its worker publishes on ``data.completed``
+or ``data.failed``. The result is cached
 by content (process_data.py, dataset_info.json, the declared datasets): a hit skips the run and
 says ``cached: true``. Only successes are cached.
 """
@@ -32,12 +33,13 @@ from shared.events import (
     FailedStage,
     LlmUsage,
     Stage,
+    StageOutcome,
 )
 from shared.logs import get_logger
 from shared.modelpaths import ModelNotFound, resolve_base_model
 from shared.paths import UnsafePath, regular_file_in
-from shared.runtime import Outgoing, StageContext
-from shared.stagespec import StageSpec
+from shared.runtime import StageContext
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.data")
 
@@ -45,21 +47,17 @@ DATA_FILE = "data.json"
 STATS_FILE = "data_stats.json"
 
 
-def _failed(event: EvalRequested, ctx: StageContext, stage: FailedStage, error: str,
-            summary: DataSummary | None = None) -> list[Outgoing]:
-    ctx.tell(failed_stage=stage, error=error)  # on the handling's `stage finished` line
-    result = DataResult(
-        request_id=event.request_id,
-        ok=False,
-        context=event.context,
-        data=summary or DataSummary(),
-        failed_stage=stage,
-        error=error,
-    )
-    return [Outgoing(ctx.subjects.failed("data"), result, "failed")]
+def _failed(event: EvalRequested, ctx: StageContext, error: str, summary: DataSummary | None = None,
+            outcome: StageOutcome | None = None, *, precheck: bool = False) -> list[DataResult]:
+    """The candidate failed here: in its pre-check (``precheck``: nothing ran), else in data processing
+    (the stage's record name, which the worker sets)."""
+    stage = FailedStage.precheck if precheck else None
+    ctx.tell(failed_stage=stage or ctx.record_name, error=error)  # on the handling's `stage finished` line
+    return [DataResult(request_id=event.request_id, ok=False, context=event.context, data=summary or DataSummary(),
+                       failed_stage=stage, error=error, outcome=outcome)]
 
 
-async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
+async def handle(event: EvalRequested, ctx: StageContext) -> list[DataResult]:
     settings = ctx.settings
     context = event.context
     assets: Path = settings.assets
@@ -69,7 +67,7 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
         max_config_bytes=settings.max_train_yaml_bytes,
     )
     if problem:
-        return _failed(event, ctx, FailedStage.precheck, problem)
+        return _failed(event, ctx, problem, precheck=True)
 
     workspace = ctx.workdir / "workspace"
     await materialise(ctx.artifacts, context.workspace, workspace)
@@ -90,10 +88,9 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
             f"{event.request_id}/data/{STATS_FILE}", stats.model_dump_json(indent=2).encode()
         )
         summary = DataSummary(data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=True, cache_key=key)
-        ok = DataResult(request_id=event.request_id, ok=True, context=context, data=summary)
-        return [Outgoing(ctx.subjects.completed("data"), ok, "completed")]
+        return [DataResult(request_id=event.request_id, ok=True, context=context, data=summary)]
 
-    timeout = settings.timeout_for("data_processing", context.timeouts.data_processing)
+    timeout = ctx.timeout(context)
     log_path = ctx.workdir / "data_processing.log"
     await ctx.progress(message="running process_data.py")
     # The worker's runner takes data_concurrent_runs runs at once (StageSpec.run_limit).
@@ -102,13 +99,12 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     )
     log_ref = await ctx.artifacts.put_file(f"{event.request_id}/logs/data_processing.log", log_path)
     outcome = run.outcome(log_ref)
-    summary = DataSummary(cache_key=key, outcome=outcome, llm_usage=llm_usage)
+    summary = DataSummary(cache_key=key, llm_usage=llm_usage)
     if run.timed_out:
-        return _failed(event, ctx, FailedStage.data_processing,
-                       f"process_data.py timed out after {timeout:.0f} s (exit code {EXIT_TIMEOUT})", summary)
+        return _failed(event, ctx, f"process_data.py timed out after {timeout:.0f} s (exit code {EXIT_TIMEOUT})",
+                       summary, outcome)
     if run.exit_code != 0:
-        return _failed(event, ctx, FailedStage.data_processing,
-                       f"process_data.py exited with code {run.exit_code}", summary)
+        return _failed(event, ctx, f"process_data.py exited with code {run.exit_code}", summary, outcome)
 
     try:
         # The sandbox wrote data.json: it must be a regular file of the workspace, not a link
@@ -117,9 +113,9 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
             regular_file_in(workspace, DATA_FILE)
         records = await asyncio.to_thread(load_data_json, workspace / DATA_FILE, settings.max_data_json_bytes)
     except UnsafePath as exc:
-        return _failed(event, ctx, FailedStage.data_processing, f"data.json refused: {exc}", summary)
+        return _failed(event, ctx, f"data.json refused: {exc}", summary, outcome)
     except DataInvalid as exc:
-        return _failed(event, ctx, FailedStage.data_processing, str(exc), summary)
+        return _failed(event, ctx, str(exc), summary, outcome)
 
     tokenizer = _tokenizer_of(assets, context.task.base_model)
     stats = await asyncio.to_thread(compute_data_stats, records, tokenizer, run.output_tail)
@@ -131,12 +127,10 @@ async def handle(event: EvalRequested, ctx: StageContext) -> list[Outgoing]:
     await cache.put_file(f"{cache_prefix}/{DATA_FILE}", workspace / DATA_FILE)
     await cache.put_bytes(f"{cache_prefix}/{STATS_FILE}", stats_bytes)
     summary = DataSummary(
-        data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, outcome=outcome,
-        llm_usage=llm_usage,
+        data=data_ref, data_stats=stats, data_stats_ref=stats_ref, cached=False, cache_key=key, llm_usage=llm_usage,
     )
     ctx.tell(samples=stats.total_samples, cached=False, cache_key=key)
-    ok = DataResult(request_id=rid, ok=True, context=context, data=summary)
-    return [Outgoing(ctx.subjects.completed("data"), ok, "completed")]
+    return [DataResult(request_id=rid, ok=True, context=context, data=summary, outcome=outcome)]
 
 
 async def _run_process_data(
@@ -203,10 +197,30 @@ def _tokenizer_of(assets: Path, base_model: str) -> Path | None:
     return candidate if candidate is not None and candidate.is_file() else None
 
 
+#: Its NATS user, for the comment above its rules (deploy/nats/accounts.conf).
+_NATS_USER = (
+    "`ftbus worker data`. NOTE: it runs the candidate's process_data.py as a child process (in the\n"
+    "sandbox of docs/sandbox.md, or with the same uid and network), and a child can read its\n"
+    "parent's environment (/proc/<ppid>/environ), FTBUS_NATS_URL included: treat this user as no\n"
+    "more trusted than an agent. Same for train and bench (LlamaFactory/lm-eval run the\n"
+    "candidate's config and model).\n"
+    "\n"
+    "`_INBOX.ftbus-wait-topology.>` (here and for every worker user): the init container of\n"
+    "deploy/k8s (python -m ftbus.topology wait) connects as the worker's user under that name.\n"
+    "Its only requests are STREAM.INFO, which every user may make anyway, so sharing that inbox\n"
+    "between users shows nobody anything new. Nothing else may connect under that name."
+)
+
 SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
                  consumes=lambda s, pipeline: [s.eval_requested], accepts=(EvalRequested,),
                  disk_quota=lambda settings: settings.data_disk_quota_bytes,
                  # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart.
                  concurrency=32, run_limit=lambda settings: settings.data_concurrent_runs,
                  result=DataResult, record_name=FailedStage.data_processing, words="data processing",
+                 grants=Grants(
+                     note=_NATS_USER,
+                     artifacts=Grant("artifacts: read the workspace (metadata get + ordered consumer on the chunks) "
+                                     "and write\ndata.json, data_stats.json (a cache hit's copies too) and logs; "
+                                     "purge: replaced or\nfailed uploads"),
+                     cache=Grant("the workers-only cache store: the data cache in/out (`cache/data/<key>/...`)")),
                  timeout=lambda settings: settings.data_timeout_s, next=Stage.train)

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from services.judge.condense import CondensedLog
 from services.judge.facts import JudgeFacts
-from shared.events import BenchResult, DataResult, FailedStage, Feedback, TrainingMetrics
+from services.judge.rules import train_of
+from shared.events import BenchResult, FailedStage, Feedback, TrainingMetrics
 from shared.paired import describe_with_power
 from shared.statistics import PairedComparison
 from shared.untrusted import fenced
@@ -355,8 +356,8 @@ def _code_text(facts: JudgeFacts, category: Category | None) -> str:
         )
     elif category == "Config":
         parts.extend(_config_advice(_error_text(facts), config))
-    if not isinstance(event, DataResult):
-        parts.extend(_loss_advice(event.train.training_metrics))
+    if (train := train_of(event)) is not None:
+        parts.extend(_loss_advice(train.training_metrics))
     parts.extend(_data_advice(facts))
     if facts.rules.decision and len(parts) == 1:
         parts.append("No problem found in the configuration, the data statistics or the loss curve.")
@@ -408,7 +409,7 @@ def rules_feedback(facts: JudgeFacts) -> Feedback:
 
     got = ["Got: " + "; ".join(rules.failed_criteria) + "."]
     if condensed.training_started:
-        metrics = TrainingMetrics() if isinstance(event, DataResult) else event.train.training_metrics
+        metrics = train.training_metrics if (train := train_of(event)) is not None else TrainingMetrics()
         training = _training_facts(metrics, condensed)
         if training:
             got.append(f"Training had started: {training}.")

@@ -41,12 +41,11 @@ from services.judge.advice import error_sample_quote, rules_feedback
 from services.judge.facts import JudgeFacts, LogStage, collect_facts, render_raw_execution
 from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
 from services.judge.prompts import build_context, render_system, render_user, templates_for
-from services.judge.rules import JudgedEvent
+from services.judge.rules import JudgedEvent, train_of
 from shared.campaigns import CampaignConflict, CampaignStore, check_candidate, record_after, recorded_check
 from shared.events import (
     BenchResult,
     CampaignCheck,
-    DataResult,
     FailedStage,
     Feedback,
     JudgeInfo,
@@ -144,7 +143,8 @@ def _llm_feedback(outcome: LlmOutcome, facts: JudgeFacts) -> Feedback:
 
 
 def _verdict_result(event: JudgedEvent) -> VerdictResult:
-    training = TrainingMetrics() if isinstance(event, DataResult) else event.train.training_metrics
+    train = train_of(event)
+    training = train.training_metrics if train is not None else TrainingMetrics()
     return VerdictResult(
         benchmark=event.benchmark if isinstance(event, BenchResult) else None,
         training_metrics=training,
@@ -183,7 +183,7 @@ async def judge(
         failed_stage=facts.failed_stage,
         judge=info,
         result=result.model_copy(update={"campaign": check}) if check is not None else result,
-        artifacts=[] if isinstance(event, DataResult) else list(event.train.outputs),
+        artifacts=list(train.outputs) if (train := train_of(event)) is not None else [],
         expects_test=isinstance(event, BenchResult),
     )
 

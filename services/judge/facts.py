@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, get_args
+from typing import Any
 
 from services.judge.condense import CondensedLog, condense_log
 from services.judge.rules import (
@@ -24,23 +24,17 @@ from services.judge.rules import (
     model_files_of,
     noise_shortfall,
     outcome_of,
+    own_stage,
     paired_at,
     rules_decision,
 )
-from shared.events import BenchResult, CampaignCheck, DataResult, FailedStage, RunStage, StageOutcome
+from shared.events import CampaignCheck, FailedStage, StageOutcome
 from shared.settings import Settings
 from shared.statistics import PairedComparison
 from shared.train_yaml import TrainYamlError, load_yaml
 
-LogStage = RunStage  # a stage that runs candidate code, by its record name
-LOG_STAGES: tuple[LogStage, ...] = get_args(LogStage)
-#: The banners of ``raw_execution``, as the reference evaluator writes them.
-_BANNERS: dict[LogStage, str] = {
-    "data_processing": "=== DATA PROCESSING OUTPUT ===",
-    "training": "=== TRAINING OUTPUT ===",
-    "benchmark": "=== BENCHMARK OUTPUT ===",
-}
-_TIMED_STAGES = {FailedStage.data_processing, FailedStage.training, FailedStage.benchmark}
+#: A stage, by its record name (the key of its run in a result's ``runs``).
+LogStage = str
 _RESTATES_EXIT = re.compile(r"exit(?:ed)?(?: with)? (?:code|status)|timed out", re.IGNORECASE)
 
 
@@ -52,7 +46,7 @@ class RunFacts:
     timed_out: bool
     oom_killed: bool
     duration_s: float | None
-    timeout_s: float | None  # the limit it ran under: the runner's record, else the configured one
+    timeout_s: float | None  # the limit it ran under: the runner's record, else the request's
 
 
 @dataclass(frozen=True)
@@ -64,7 +58,8 @@ class JudgeFacts:
     outcome: RunFacts
     #: Each stage that ran, in pipeline order: its whole log as fetched, else the event's log tail.
     logs: Mapping[LogStage, str]
-    #: The stage whose log was condensed: the failed stage's, or training's for a success.
+    #: The stage whose log was condensed: the failed stage's, or training's (else the last stage's)
+    #: for a success.
     log_stage: LogStage | None
     condensed: CondensedLog
     rules: RulesOutcome
@@ -95,35 +90,34 @@ class JudgeFacts:
 
 
 def stage_runs(event: JudgedEvent) -> list[tuple[LogStage, StageOutcome]]:
-    """The stages that ran for this event, in pipeline order, each with its outcome."""
-    outcomes: list[tuple[LogStage, StageOutcome | None]] = [("data_processing", event.data.outcome)]
-    if not isinstance(event, DataResult):
-        outcomes.append(("training", event.train.outcome))
-    if isinstance(event, BenchResult):
-        outcomes.append(("benchmark", event.outcome))
-    return [(stage, outcome) for stage, outcome in outcomes if outcome is not None]
+    """The stages whose candidate code ran for this event, in pipeline order, each with its outcome."""
+    return [(stage, run.outcome) for stage, run in event.runs.items() if run.outcome is not None]
 
 
-def default_log_stage(event: JudgedEvent, failed: FailedStage | None) -> LogStage | None:
-    """Which stage's log the judge reads: the failed stage's, or training's for a success."""
+def banner(stage: LogStage) -> str:
+    """A stage's banner in ``raw_execution``, as the reference evaluator writes them
+    (``=== DATA PROCESSING OUTPUT ===``)."""
+    return f"=== {stage.replace('_', ' ').upper()} OUTPUT ==="
+
+
+def default_log_stage(event: JudgedEvent, failed: str | None) -> LogStage | None:
+    """Which stage's log the judge reads: the failed stage's, or for a success training's (what it
+    says of the model that passed), else the last stage's."""
     if failed == FailedStage.precheck:
         return None
-    if failed in (FailedStage.data_processing, FailedStage.training, FailedStage.benchmark):
-        return str(failed)  # type: ignore[return-value]
-    if isinstance(event, DataResult):
-        return "data_processing"
-    return "training"
+    if failed is not None:
+        return failed
+    return FailedStage.training if FailedStage.training in event.runs else own_stage(event)
 
 
-def stage_timeout(event: JudgedEvent, stage: FailedStage | None, settings: Settings) -> float | None:
-    """The limit the failed stage ran under: the one recorded by the runner, else the configured one."""
-    if stage not in _TIMED_STAGES:
+def stage_timeout(event: JudgedEvent, stage: str | None) -> float | None:
+    """The limit the failed stage ran under: the one recorded by the runner, else the one the request set."""
+    if stage is None or stage == FailedStage.precheck:
         return None
     outcome = outcome_of(event, stage)
     if outcome is not None and outcome.timeout_s:
         return outcome.timeout_s
-    requested = getattr(event.context.timeouts, str(stage))
-    return settings.timeout_for(str(stage), requested)
+    return event.context.timeouts.of(stage)
 
 
 # ---------------------------------------------------------------- the config
@@ -164,12 +158,8 @@ def collect_facts(
     rules = rules_decision(event)  # refuses a test-split event
     stage = rules.failed_stage
     by_stage: dict[LogStage, str] = {}
-    ran = dict(stage_runs(event))
-    for name in LOG_STAGES:
-        if name in logs:
-            by_stage[name] = logs[name]
-        elif name in ran:
-            by_stage[name] = ran[name].log_tail
+    for name, outcome in stage_runs(event):
+        by_stage[name] = logs[name] if name in logs else outcome.log_tail
     log_stage = default_log_stage(event, stage)
     exit_code = rules.exit_code if rules.exit_code is not None else 1
     condensed = condense_log(by_stage.get(log_stage, "") if log_stage else "", exit_code, str(stage) if stage else None)
@@ -192,7 +182,7 @@ def collect_facts(
             timed_out=rules.timed_out,
             oom_killed=bool(outcome and outcome.oom_killed) or condensed.oom_killed,
             duration_s=outcome.duration_s if outcome else None,
-            timeout_s=stage_timeout(event, stage, settings),
+            timeout_s=stage_timeout(event, stage),
         ),
         logs=MappingProxyType(by_stage),
         log_stage=log_stage,
@@ -217,17 +207,12 @@ def render_raw_execution(facts: JudgeFacts) -> str:
     if facts.failed_stage == FailedStage.precheck:
         return f"=== PRE-CHECK ===\n{event.error or 'workspace rejected'}"
     if facts.logs:
-        return "\n".join(f"{_BANNERS[stage]}\n{text}" for stage, text in facts.logs.items())
-    # No stage ran (a config refused before training, after cached data): the banners, empty.
-    stages: list[LogStage] = ["data_processing"]
-    if not isinstance(event, DataResult):
-        stages.append("training")
-    if isinstance(event, BenchResult):
-        stages.append("benchmark")
+        return "\n".join(f"{banner(stage)}\n{text}" for stage, text in facts.logs.items())
+    # No stage's code ran (a config refused before training, after cached data): the banners, empty.
     parts = []
-    for stage in stages:
+    for stage in event.runs:
         text = ""
-        if stage == "data_processing" and event.data.cached:
+        if stage == FailedStage.data_processing and event.data.cached:
             text = f"(skipped: data.json reused from the cache, key {event.data.cache_key or 'unknown'})"
-        parts.append(f"{_BANNERS[stage]}\n{text}")
+        parts.append(f"{banner(stage)}\n{text}")
     return "\n".join(parts)

@@ -23,8 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from services.judge.facts import JudgeFacts
-from services.judge.rules import JudgedEvent
-from shared.events import BenchResult, DataResult, LossHistory, TaskSpec
+from services.judge.rules import JudgedEvent, train_of
+from shared.events import BenchResult, LossHistory, TaskSpec
 from shared.settings import Settings
 from shared.untrusted import Fence
 
@@ -171,7 +171,8 @@ def build_context(facts: JudgeFacts, fence: Fence) -> PromptContext:
     if isinstance(event, BenchResult) and event.split != "validation":
         raise ValueError("the judge only accepts validation benchmark results")
     exit_code = facts.outcome.exit_code
-    history = LossHistory() if isinstance(event, DataResult) else event.train.training_metrics.loss_history
+    train = train_of(event)
+    history = train.training_metrics.loss_history if train is not None else LossHistory()
     shown, note = truncate_loss_history(history)
     timeout = facts.outcome.timeout_s
     stage_error = (facts.stage_report or "")[:1000]

@@ -11,11 +11,16 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from runners.base import EXIT_TIMEOUT
-from shared.events import BenchResult, DataResult, FailedStage, StageOutcome, TrainResult
+from shared.events import BenchResult, FailedStage, StageOutcome, StageResult, TrainSummary
 from shared.paired import compare_scores, describe_with_power
 from shared.statistics import PairedComparison
 
-JudgedEvent = DataResult | TrainResult | BenchResult
+#: What the judge judges: the validation benchmark's result, or any stage's failure (another
+#: pipeline's stage's own result type included).
+JudgedEvent = StageResult
+#: How the criteria name a stage, by record name, where its record name alone says less.
+_CRITERIA_WORDS = {FailedStage.data_processing: "data processing (process_data.py)",
+                   FailedStage.benchmark: "the validation benchmark"}
 
 
 class RulesOutcome(BaseModel):
@@ -33,33 +38,26 @@ class RulesOutcome(BaseModel):
 # ---------------------------------------------------------------- where the request stopped
 
 
-def failed_stage_of(event: JudgedEvent) -> FailedStage | None:
-    """Where the request stopped; an empty benchmark counts as a benchmark failure."""
+def own_stage(event: JudgedEvent) -> str | None:
+    """The record name of the stage that published ``event``: the last of its runs."""
+    return next(reversed(event.runs), None)
+
+
+def failed_stage_of(event: JudgedEvent) -> str | None:
+    """Where the request stopped: the event's ``failed_stage`` (its worker sets it on every failure),
+    else, for a failure or a benchmark without results, the stage that published it."""
     if event.failed_stage is not None:
         return event.failed_stage
-    if isinstance(event, DataResult):
-        return None if event.ok else FailedStage.data_processing
-    if isinstance(event, TrainResult):
-        return None if event.ok else FailedStage.training
-    if not event.ok or not _has_results(event):
-        return FailedStage.benchmark
+    if not event.ok or (isinstance(event, BenchResult) and not _has_results(event)):
+        return own_stage(event) or FailedStage.benchmark
     return None
 
 
-def outcome_of(event: JudgedEvent, stage: FailedStage | None = None) -> StageOutcome | None:
+def outcome_of(event: JudgedEvent, stage: str | None = None) -> StageOutcome | None:
     """The run of the stage that failed, or of the event's own stage."""
-    stage = stage or failed_stage_of(event)
-    if stage == FailedStage.data_processing:
-        return event.data.outcome
-    if stage == FailedStage.training and not isinstance(event, DataResult):
-        return event.train.outcome
-    if stage == FailedStage.precheck:
-        return None
-    if isinstance(event, DataResult):
-        return event.data.outcome
-    if isinstance(event, TrainResult):
-        return event.train.outcome
-    return event.outcome
+    stage = stage or failed_stage_of(event) or own_stage(event)
+    run = event.runs.get(stage) if stage is not None else None
+    return run.outcome if run is not None else None
 
 
 def exit_code_of(event: JudgedEvent) -> int | None:
@@ -73,8 +71,15 @@ def exit_code_of(event: JudgedEvent) -> int | None:
     return 0 if stage is None else 1
 
 
+def train_of(event: JudgedEvent) -> TrainSummary | None:
+    """What training left, when the event carries it (the results of training and the stages after it)."""
+    train = getattr(event, "train", None)
+    return train if isinstance(train, TrainSummary) else None
+
+
 def model_files_of(event: JudgedEvent) -> list[str]:
-    return [] if isinstance(event, DataResult) else list(event.train.model_files)
+    train = train_of(event)
+    return list(train.model_files) if train is not None else []
 
 
 def _has_results(event: BenchResult) -> bool:
@@ -90,6 +95,7 @@ def timed_out(outcome: StageOutcome | None) -> bool:
 
 
 def _stage_failure(name: str, outcome: StageOutcome | None, error: str | None) -> str:
+    name = _CRITERIA_WORDS.get(name, name.replace("_", " "))
     if outcome is not None and timed_out(outcome):
         limit = f" after {outcome.timeout_s:g} s" if outcome.timeout_s else ""
         return f"{name} timed out{limit} (exit code {outcome.exit_code})"
@@ -111,31 +117,27 @@ def rules_decision(event: JudgedEvent) -> RulesOutcome:
         failed.append("nothing was run")
         return RulesOutcome(decision=False, failed_criteria=failed, failed_stage=stage, exit_code=None, timed_out=False)
 
-    data_out = event.data.outcome
-    if isinstance(event, DataResult) or stage == FailedStage.data_processing:
-        failed.append(_stage_failure("data processing (process_data.py)", data_out, event.error))
-    elif data_out is not None and data_out.exit_code != 0:
-        failed.append(_stage_failure("data processing (process_data.py)", data_out, None))
+    # Every stage that ran, in pipeline order: the failed one with its error, any other that exited non-zero.
+    for name, run in event.runs.items():
+        if name == stage and event.ok:
+            continue  # a benchmark without results: said below
+        if name == stage:
+            failed.append(_stage_failure(name, run.outcome, event.error))
+        elif run.outcome is not None and run.outcome.exit_code != 0:
+            failed.append(_stage_failure(name, run.outcome, None))
+    if stage is not None and stage not in event.runs:
+        failed.append(_stage_failure(stage, None, event.error))
 
-    if isinstance(event, DataResult):
+    train = train_of(event)
+    if train is None or (FailedStage.training not in event.runs and not train.model_files):
         failed.append("training did not run")
-    else:
-        train_out = event.train.outcome
-        if stage == FailedStage.training:
-            failed.append(_stage_failure("training", train_out, event.error))
-        elif train_out is not None and train_out.exit_code != 0:
-            failed.append(_stage_failure("training", train_out, None))
-        elif train_out is None and not event.train.model_files:
-            failed.append("training did not run")
 
     if not model_files_of(event):
         failed.append("no model files in the training output")
 
     if not isinstance(event, BenchResult):
         failed.append("the validation benchmark did not run")
-    elif not event.ok or (event.outcome is not None and event.outcome.exit_code != 0):
-        failed.append(_stage_failure("the validation benchmark", event.outcome, event.error))
-    elif not _has_results(event):
+    elif event.ok and not _has_results(event):
         failed.append("the validation benchmark produced no results (empty accuracy_summary)")
 
     return RulesOutcome(

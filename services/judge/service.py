@@ -1,4 +1,5 @@
-"""The judge stage: consumes ``bench.completed`` and every ``*.failed``; publishes ``judge.completed``.
+"""The judge stage: consumes ``bench.completed`` and every ``*.failed``; returns a ``JudgeResult``
+(published on ``judge.completed``: it has no failures of its own).
 
 It gathers what the judge reads — the config, each stage's log — from the artifact store, and
 hands them to ``decide.judge``, which turns them into the facts it decides from
@@ -9,20 +10,20 @@ carries one, and NATS permissions can deny it the test stream.
 from __future__ import annotations
 
 from services.judge.decide import judge
-from services.judge.facts import LogStage, stage_runs
+from services.judge.facts import stage_runs
 from shared.artifacts import ArtifactError
 from shared.campaigns import CampaignStore
-from shared.events import ArtifactRef, BenchResult, DataResult, FailedStage, JudgeResult, Stage, TrainResult
+from shared.events import ArtifactRef, FailedStage, JudgeResult, Stage, StageResult, TrainSummary
 from shared.logs import get_logger
-from shared.runtime import Outgoing, StageContext
-from shared.stagespec import StageSpec
+from shared.runtime import StageContext
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.judge")
 
 MAX_LOG_BYTES = 16 * 2**20  # a larger log is read from its end: the root cause is usually late
 
 
-async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> list[Outgoing]:
+async def handle(event: StageResult, ctx: StageContext) -> list[JudgeResult]:
     train_yaml = await _train_yaml(event, ctx)
     logs = await stage_logs(event, ctx)
     # The campaigns bucket only for a request that names a campaign: the others never touch it.
@@ -35,19 +36,20 @@ async def handle(event: DataResult | TrainResult | BenchResult, ctx: StageContex
              failed_stage=result.failed_stage,
              campaign=result.result.campaign.campaign if result.result.campaign else None,
              campaign_accepted=result.result.campaign.accepted if result.result.campaign else None)
-    return [Outgoing(ctx.subjects.completed("judge"), result, "completed")]
+    return [result]
 
 
-def sandboxes_of(event: DataResult | TrainResult | BenchResult) -> str | None:
+def sandboxes_of(event: StageResult) -> str | None:
     """Which isolation the candidate's code ran under, as the stages recorded it."""
     names = sorted({outcome.sandbox for _, outcome in stage_runs(event) if outcome.sandbox})
     return ", ".join(names) or None
 
 
-async def _train_yaml(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> str:
+async def _train_yaml(event: StageResult, ctx: StageContext) -> str:
     # The trainer's rewritten config is what really ran; before training, the candidate's own.
-    if not isinstance(event, DataResult) and event.train.train_yaml:
-        return event.train.train_yaml
+    train = getattr(event, "train", None)
+    if isinstance(train, TrainSummary) and train.train_yaml:
+        return train.train_yaml
     item = event.context.file("train.yaml")
     if item is None:
         return ""
@@ -58,9 +60,9 @@ async def _train_yaml(event: DataResult | TrainResult | BenchResult, ctx: StageC
         return ""
 
 
-async def stage_logs(event: DataResult | TrainResult | BenchResult, ctx: StageContext) -> dict[LogStage, str]:
-    """Each stage's whole log, by stage; one that cannot be read is left out (its tail stands in)."""
-    logs: dict[LogStage, str] = {}
+async def stage_logs(event: StageResult, ctx: StageContext) -> dict[str, str]:
+    """Each stage's whole log, by record name; one that cannot be read is left out (its tail stands in)."""
+    logs: dict[str, str] = {}
     for stage, outcome in stage_runs(event):
         text = await _log_text(outcome.log, ctx) if outcome.log else None
         if text is not None:
@@ -82,7 +84,6 @@ SPEC = StageSpec(
     label="judge",
     # The validation result, or the failure of any stage before it: never the test split.
     judges_failures=True,
-    accepts=(DataResult, TrainResult, BenchResult),
     handler=handle,
     # Reading logs and waiting on an LLM: many at once.
     concurrency=16,
@@ -90,6 +91,16 @@ SPEC = StageSpec(
     fails=False,  # it judges failures; it has none of its own
     record_name=FailedStage.judge,
     words="judge",
+    grants=Grants(
+        note="`ftbus worker judge`: its consumer reads the validation benchmark's results and every stage's\n"
+             "failures on {s.stream_events} (never {s.bench_test}, which is not in that stream); it publishes\n"
+             "its result. It must NOT read {s.bench_test}, {s.stream_test}, {s.prefix}.report.>,\n"
+             "{s.stream_reports}, the full records, the bench stage's results or the private store, nor read or\n"
+             "write the cache store.",
+        artifacts=Grant("artifacts, read only: train.yaml and the stage logs it judges", write=False),
+        campaigns=Grant("the campaigns ({s.kv_campaigns}: validation data only): read a candidate's campaign, "
+                        "write it back by compare-and-set (services/judge/decide.py)"),
+    ),
     timeout=lambda settings: settings.judge_time_budget_s + settings.judge_request_timeout_s,
     next=Stage.aggregate,
 )

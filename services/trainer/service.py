@@ -1,6 +1,7 @@
 """The trainer stage: check ``train.yaml``, run LlamaFactory, keep its outputs and loss history.
 
-Consumes ``data.completed``; publishes ``train.completed`` or ``train.failed``. Training progress
+Consumes ``data.completed``; returns a ``TrainResult``, which its worker publishes on ``train.completed``
+or ``train.failed``. Training progress
 (step, total, loss, ETA) is read from ``output/trainer_log.jsonl`` while it runs and published
 on ``ftbus.progress.<request_id>``.
 """
@@ -19,9 +20,10 @@ from services.trainer.outputs import extract_loss_history, find_model_files, out
 from services.trainer.progress import TrainerLogFollower
 from shared.artifacts import materialise
 from shared.events import (
-    DataResult,
     FailedStage,
     Stage,
+    StageOutcome,
+    StageResult,
     TrainingMetrics,
     TrainResult,
     TrainSummary,
@@ -29,8 +31,8 @@ from shared.events import (
 )
 from shared.logs import get_logger
 from shared.offline import OFFLINE_ENV
-from shared.runtime import Outgoing, StageContext
-from shared.stagespec import StageSpec
+from shared.runtime import StageContext
+from shared.stagespec import Grant, Grants, StageSpec
 
 log = get_logger("ftbus.trainer")
 
@@ -38,40 +40,31 @@ log = get_logger("ftbus.trainer")
 TRAIN_ENV = {**OFFLINE_ENV, "DISABLE_VERSION_CHECK": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
 
 
-def _result(event: DataResult, ctx: StageContext, train: TrainSummary, error: str | None) -> list[Outgoing]:
-    ok = error is None
-    result = TrainResult(
-        request_id=event.request_id,
-        ok=ok,
-        context=event.context,
-        data=event.data,
-        train=train,
-        failed_stage=None if ok else FailedStage.training,
-        error=error,
-    )
-    if ok:
-        return [Outgoing(ctx.subjects.completed("train"), result, "completed")]
-    log.info("training failed", error=error)
-    return [Outgoing(ctx.subjects.failed("train"), result, "failed")]
+def _result(event: StageResult, train: TrainSummary, error: str | None,
+            outcome: StageOutcome | None = None) -> list[TrainResult]:
+    if error is not None:
+        log.info("training failed", error=error)
+    return [TrainResult(request_id=event.request_id, ok=error is None, context=event.context, data=event.data,
+                        train=train, error=error, outcome=outcome)]
 
 
-async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+async def handle(event: StageResult, ctx: StageContext) -> list[TrainResult]:
     settings = ctx.settings
     rid = event.request_id
     workspace = ctx.workdir / "workspace"
     await materialise(ctx.artifacts, event.context.workspace, workspace)
     if event.data.data is None:  # a malformed upstream event: retrying cannot fix it
-        return _result(event, ctx, TrainSummary(), "internal error: data.completed carried no data.json")
+        return _result(event, TrainSummary(), "internal error: the data stage's result carried no data.json")
     await ctx.artifacts.get_to_file(event.data.data, workspace / "data.json")
 
     original_yaml = (workspace / "train.yaml").read_text(errors="replace")
     try:
         prepared = prepare_train_yaml(original_yaml, assets_dir=settings.assets, workspace_dir=workspace)
     except TrainConfigError as exc:
-        return _result(event, ctx, TrainSummary(train_yaml=original_yaml), f"train.yaml rejected: {exc}")
+        return _result(event, TrainSummary(train_yaml=original_yaml), f"train.yaml rejected: {exc}")
     (workspace / "train.yaml").write_text(prepared.yaml_text)
 
-    timeout = settings.timeout_for("training", event.context.timeouts.training)
+    timeout = ctx.timeout(event.context)
     output_dir = workspace / "output"
     log_path = ctx.workdir / "training.log"
     env = {**TRAIN_ENV, "FTBUS_ASSETS_DIR": str(settings.assets)}
@@ -107,7 +100,6 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     history = extract_loss_history(output_dir)
     outputs = await _upload_outputs(ctx, rid, workspace, output_dir)
     summary = TrainSummary(
-        outcome=run.outcome(log_ref),
         model_kind=kind,
         model_files=model_files,
         outputs=outputs,
@@ -124,7 +116,7 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     else:
         error = None
     log.info("training done", exit_code=run.exit_code, model_kind=kind, steps=len(history.train))
-    return _result(event, ctx, summary, error)
+    return _result(event, summary, error, run.outcome(log_ref))
 
 
 async def _publish_progress(ctx: StageContext, trainer_log: Path, stop: asyncio.Event) -> None:
@@ -144,8 +136,16 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
     return uploaded
 
 
+# It reads the results of the stage before it (the data stage's in ftbus's pipeline): any StageResult.
 SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
-                 accepts=(DataResult,),
                  disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True,
                  result=TrainResult, record_name=FailedStage.training, words="training",
+                 grants=Grants(
+                     note="`ftbus worker train` (GPU nodes). Same shape as data.",
+                     artifacts=Grant("artifacts: workspace + data.json in, logs out"),
+                     models=Grant("the trained outputs out, to {s.object_store_models} (agents read them there: "
+                                  "`ftbus pull`)"),
+                     no_cache="the workers-only cache store: any read, and any write (train gets the data\n"
+                              "stage's output in the artifacts store; a planted `cache/data/<key>/data.json`\n"
+                              "would be served to every request whose process_data.py hashes to that key)"),
                  timeout=lambda settings: settings.train_timeout_s, next=Stage.bench)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from datetime import UTC, datetime
 
 from shared.events import (
     ArtifactRef,
@@ -20,6 +21,7 @@ from shared.events import (
     LossHistory,
     RequestContext,
     StageOutcome,
+    StageRun,
     TaskSpec,
     Timeouts,
     TrainingMetrics,
@@ -61,6 +63,9 @@ per_device_eval_batch_size: 1
 """
 
 
+STARTED = datetime(2025, 11, 30, 10, 0, tzinfo=UTC)
+
+
 def ref(name: str, content: str = "") -> ArtifactRef:
     data = (content or name).encode()
     return ArtifactRef(name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest())
@@ -95,12 +100,20 @@ def data_stats() -> DataStats:
     return DataStats(total_samples=1234, token_stats={"instruction": col, "output": col}, tokenizer="cl100k_base")
 
 
-def data_summary(exit_code: int = 0, log_tail: str = "wrote 1234 samples to data.json\n") -> DataSummary:
+def data_summary(exit_code: int = 0) -> DataSummary:
     return DataSummary(
         data=ref("req-1/data.json") if exit_code == 0 else None,
         data_stats=data_stats() if exit_code == 0 else None,
-        outcome=outcome(exit_code, log_tail, timeout_s=3600.0),
     )
+
+
+def data_outcome(exit_code: int = 0, log_tail: str = "wrote 1234 samples to data.json\n") -> StageOutcome:
+    return outcome(exit_code, log_tail, timeout_s=3600.0)
+
+
+def runs(**outcomes: StageOutcome | None) -> dict[str, StageRun]:
+    """The stages' runs as their workers stamp them, by record name, in pipeline order."""
+    return {stage: StageRun(started_at=STARTED, attempt=1, outcome=out) for stage, out in outcomes.items()}
 
 
 def loss_history(n_train: int = 20, n_eval: int = 3) -> LossHistory:
@@ -112,12 +125,13 @@ def loss_history(n_train: int = 20, n_eval: int = 3) -> LossHistory:
     return LossHistory(train=train, eval=evals)
 
 
-def train_summary(
-    exit_code: int = 0, log_tail: str = "", model_files: list[str] | None = None, n_loss: int = 20
-) -> TrainSummary:
+def train_outcome(exit_code: int = 0, log_tail: str = "") -> StageOutcome:
+    return outcome(exit_code, log_tail, timeout_s=360000.0)
+
+
+def train_summary(model_files: list[str] | None = None, n_loss: int = 20) -> TrainSummary:
     files = ["adapter_model.safetensors", "adapter_config.json"] if model_files is None else model_files
     return TrainSummary(
-        outcome=outcome(exit_code, log_tail, timeout_s=360000.0),
         model_kind="lora",
         model_files=files,
         outputs=[WorkspaceFile(path=f"output/{f}", ref=ref(f"req-1/output/{f}")) for f in files],
@@ -134,6 +148,7 @@ def precheck_failed(error: str = "train.yaml is missing from the workspace") -> 
         data=DataSummary(),
         failed_stage=FailedStage.precheck,
         error=error,
+        runs=runs(data_processing=None),
     )
 
 
@@ -142,9 +157,11 @@ def data_failed(exit_code: int = 1, log: str = "", error: str | None = None) -> 
         request_id="req-1",
         ok=False,
         context=context(),
-        data=data_summary(exit_code, log),
+        data=data_summary(exit_code),
         failed_stage=FailedStage.data_processing,
         error=error or f"process_data.py exited with code {exit_code}",
+        outcome=data_outcome(exit_code, log),
+        runs=runs(data_processing=data_outcome(exit_code, log)),
     )
 
 
@@ -156,9 +173,11 @@ def train_failed(
         ok=False,
         context=context(),
         data=data_summary(),
-        train=train_summary(exit_code, log, [] if model_files is None else model_files, n_loss=n_loss),
+        train=train_summary([] if model_files is None else model_files, n_loss=n_loss),
         failed_stage=FailedStage.training,
         error=f"training exited with code {exit_code}",
+        outcome=train_outcome(exit_code, log),
+        runs=runs(data_processing=data_outcome(), training=train_outcome(exit_code, log)),
     )
 
 
@@ -254,10 +273,12 @@ def bench_result(
         split=split,  # type: ignore[arg-type]
         context=context(),
         data=data_summary(),
-        train=train_summary(0, "Training completed.\n", model_files, n_loss=n_loss),
+        train=train_summary(model_files, n_loss=n_loss),
         benchmark=bench,
         baseline=baseline,
         outcome=outcome(exit_code, log, timeout_s=604800.0),
         failed_stage=None if ok else FailedStage.benchmark,
         error=error,
+        runs=runs(data_processing=data_outcome(), training=train_outcome(0, "Training completed.\n"),
+                  benchmark=outcome(exit_code, log, timeout_s=604800.0)),
     )

@@ -18,7 +18,7 @@ from runners.base import EXIT_TIMEOUT, RunResult
 from runners.sandbox import Sandbox
 from shared.artifacts import validate_name
 from shared.events import ArtifactRef, Progress, RequestContext, Stage, TaskSpec, WorkspaceFile
-from shared.runtime import StageContext
+from shared.runtime import Handler, Outgoing, StageContext, route
 from shared.settings import Settings
 from shared.subjects import Subjects
 
@@ -118,9 +118,18 @@ class FakeBus:
 
 def fake_context(stage: Stage, settings: Settings, runner: RecordingRunner, request_id: str = "r1",
                  bus: FakeBus | None = None) -> StageContext:
+    """A context as the stage's worker makes it, with its row of ftbus's pipeline table."""
+    from ftbus.stages import BY_STAGE
+
     bus = bus or FakeBus(settings)
     return StageContext(bus, stage, request_id, bus.stores["artifacts"], runner, 1,  # type: ignore[arg-type]
-                        settings.work / stage.value)
+                        settings.work / stage.value, row=BY_STAGE[stage])
+
+
+async def handled(handler: Handler, event: Any, ctx: StageContext) -> list[Outgoing]:
+    """What the worker publishes for ``handler``'s answer to ``event``: each event routed by the
+    stage's row (shared/runtime.py ``route``)."""
+    return [route(item, event, ctx) for item in await handler(event, ctx)]
 
 
 async def upload_workspace(store: MemoryArtifacts, folder: Path, request_id: str = "r1") -> list[WorkspaceFile]:

@@ -226,7 +226,7 @@ async def test_two_train_workers_share_ten_requests(pipeline: Pipeline, settings
         asyncio.create_task(
             StageWorker(bus, Stage.train, handler_of(i), (DataResult,),
                         filters=trainer.SPEC.reads(bus.subjects, PIPELINE),
-                        runner=make_runner(bus.settings, "train"))
+                        runner=make_runner(bus.settings, "train"), row=trainer.SPEC)
             .run(stop)
         )
         for i, bus in enumerate(buses)

@@ -12,8 +12,8 @@ from ftbus.stages import PIPELINE
 from runners.choice import make_runner
 from services.trainer.service import SPEC as TRAIN_SPEC
 from shared.bus import Bus
-from shared.events import DataResult, Stage
-from shared.runtime import Outgoing, StageContext, StageWorker
+from shared.events import DataResult, Stage, TrainResult
+from shared.runtime import StageContext, StageWorker
 from shared.settings import Settings
 from tests.integration.test_delivery import poll
 from tests.integration.test_stage_runtime import acked, result_of, send, stage_policies
@@ -72,7 +72,7 @@ async def test_the_next_message_starts_when_the_device_is_free_not_after_the_upl
     started = {rid: asyncio.Event() for rid in ("slot-a", "slot-b", "slot-c")}
     overlapped: list[str] = []
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         rid = event.request_id
         started[rid].set()
         await device.use()
@@ -82,7 +82,7 @@ async def test_the_next_message_starts_when_the_device_is_free_not_after_the_upl
             # would (one message at a time), and this wait fails the test.
             await device.wait(started["slot-b"], "the next message started during the uploads")
             overlapped.append(rid)
-        return [Outgoing(bus.subjects.completed("train"), result_of(rid), "completed")]
+        return [result_of(rid)]
 
     await run_workers(bus, [handle], list(started))
     assert device.timeouts == []
@@ -97,7 +97,7 @@ async def test_a_worker_whose_device_is_busy_leaves_the_next_message_to_an_idle_
     handled_by: dict[str, str] = {}
 
     def handler(name: str):
-        async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+        async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
             rid = event.request_id
             handled_by[rid] = name
             if rid == "busy-1":
@@ -108,7 +108,7 @@ async def test_a_worker_whose_device_is_busy_leaves_the_next_message_to_an_idle_
                 second_started.set()
                 await device.use()
             ctx.device_done()
-            return [Outgoing(bus.subjects.completed("train"), result_of(rid), "completed")]
+            return [result_of(rid)]
 
         return handle
 
@@ -122,11 +122,11 @@ async def test_without_device_done_the_slot_returns_only_when_the_message_is_don
     spans: dict[str, list[float]] = {}
     loop = asyncio.get_running_loop()
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         spans[event.request_id] = [loop.time()]
         await asyncio.sleep(0.2)
         spans[event.request_id].append(loop.time())
-        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
+        return [result_of(event.request_id)]
 
     await run_workers(bus, [handle], ["whole-1", "whole-2", "whole-3"])
     ordered = sorted(spans.values())

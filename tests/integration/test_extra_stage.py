@@ -2,8 +2,9 @@
 row, flows end to end on a real nats-server with the real services, and its NATS users are
 generated, the new stage's included. Nothing outside this file knows the new stage.
 
-The new stage, ``screen``, sits between data and training: it passes the data stage's result on
-when the data has at least MIN_SAMPLES samples, and fails the request otherwise.
+The new stage, ``screen``, sits between data and training, with a result type of its own
+(``ScreenResult``): it passes the data on when it has at least MIN_SAMPLES samples, and fails the
+request otherwise.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from ftbus.client import FtbusClient
 from ftbus.permissions import render, users
 from ftbus.stages import BY_STAGE, PIPELINE
 from shared.bus import Bus
-from shared.events import DataResult, Stage, TaskSpec
-from shared.runtime import Outgoing, StageContext
+from shared.events import DataResult, Stage, StageResult, TaskSpec
+from shared.runtime import StageContext
 from shared.settings import Settings
 from shared.stagespec import StageSpec
 from shared.subjects import Subjects
@@ -29,23 +30,24 @@ TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="
 MIN_SAMPLES = 20
 
 
-async def screen(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+class ScreenResult(StageResult):
+    samples: int
+
+
+async def screen(event: DataResult, ctx: StageContext) -> list[ScreenResult]:
     stats = event.data.data_stats
     samples = stats.total_samples if stats is not None else 0
-    if samples < MIN_SAMPLES:
-        failed = event.model_copy(update={"ok": False, "failed_stage": "screening",
-                                          "error": f"only {samples} samples: the screen wants {MIN_SAMPLES}"})
-        return [Outgoing(ctx.subjects.failed("screen"), failed, "failed")]
-    return [Outgoing(ctx.subjects.completed("screen"), event, "completed")]
+    error = f"only {samples} samples: the screen wants {MIN_SAMPLES}" if samples < MIN_SAMPLES else None
+    return [ScreenResult(request_id=event.request_id, ok=error is None, context=event.context, data=event.data,
+                         error=error, samples=samples)]
 
 
 SCREEN = StageSpec(
     stage="screen",
     label="screen",
-    accepts=(DataResult,),
     handler=screen,
     concurrency=4,
-    result=DataResult,
+    result=ScreenResult,
     record_name="screening",
     words="data screening",
     timeout=lambda settings: 60.0,

@@ -382,7 +382,7 @@ async def test_process_data_calls_the_llm_through_the_gateway_within_its_budget(
         finally:
             await pipeline.stop()
         assert result.request_id == rid and result.ok, result.error
-        log = result.data.outcome.log_tail if result.data.outcome else ""
+        log = result.outcome.log_tail if result.outcome else ""
         assert "key is a gateway token: True" in log and "base url: http://127.0.0.1:8080/v1" in log
         assert "call 0 answered" in log and "call 1 answered" in log
         assert "call 2 refused: RateLimitError 429" in log and "budget of this run is spent" in log
@@ -418,7 +418,7 @@ async def test_without_an_llm_the_sandbox_has_no_network_and_no_key(docker_setti
         await sub.unsubscribe()
     finally:
         await pipeline.stop()
-    log = result.data.outcome.log_tail if result.data.outcome else ""
+    log = result.outcome.log_tail if result.outcome else ""
     assert "key: None url: None" in log and "interfaces: ['lo']" in log
     assert result.data.llm_usage is None
 

@@ -28,10 +28,10 @@ from shared.runtime import (
     StageWorker,
 )
 from shared.subjects import msg_id
-from tests.fakes.judge_events import data_failed, train_failed
+from tests.fakes.judge_events import context, data_failed, data_summary, train_summary
 from tests.integration.test_delivery import caught_up, poll
 
-Handler = Callable[[DataResult, StageContext], Awaitable[list[Outgoing]]]
+Handler = Callable[[DataResult, StageContext], Awaitable[list[TrainResult]]]
 
 
 class TrainStage:
@@ -55,7 +55,8 @@ async def send(bus: Bus, rid: str) -> None:
 
 
 def result_of(rid: str) -> TrainResult:
-    return train_failed().model_copy(update={"request_id": rid})
+    """A training's result that says it succeeded: the worker publishes it on train.completed."""
+    return TrainResult(request_id=rid, ok=True, context=context(), data=data_summary(), train=train_summary())
 
 
 async def published(bus: Bus, subject: str) -> int:
@@ -91,9 +92,9 @@ class CrashOnceAfterTheStore(Policy):
 async def test_a_redelivery_after_a_crash_between_store_and_ack_republishes_without_running_again(bus: Bus) -> None:
     runs: list[str] = []
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         runs.append(event.request_id)
-        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
+        return [result_of(event.request_id)]
 
     stage = TrainStage(bus, handle, (*stage_policies(), CrashOnceAfterTheStore()))
     try:
@@ -113,9 +114,9 @@ async def test_a_replayed_first_delivery_finds_its_stored_result(bus: Bus) -> No
     before every handling, so that nothing is trained twice."""
     runs: list[str] = []
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         runs.append(event.request_id)
-        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
+        return [result_of(event.request_id)]
 
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
     stored = msgpack.packb([[bus.subjects.completed("train"), "completed", codec.encode(result_of("replayed-1"))]],
@@ -135,7 +136,7 @@ async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_start
     started = asyncio.Event()
     outcome: list[str] = []
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         started.set()
         try:
             await asyncio.sleep(120)
@@ -143,7 +144,7 @@ async def test_a_cancel_only_the_status_record_knows_stops_the_stage_as_it_start
             outcome.append("cancelled")
             raise
         outcome.append("ran to the end")
-        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
+        return [result_of(event.request_id)]
 
     status = await bus.kv(bus.subjects.kv_status)
     await status.put("cancelled-1", RequestStatusView(request_id="cancelled-1", status="running",
@@ -176,9 +177,9 @@ async def test_the_heartbeat_ends_when_a_beat_takes_its_cancel_for_a_result(bus:
             except asyncio.CancelledError:
                 return  # as wait_for does when the reply lands with the cancel
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         await asyncio.wait_for(beating.wait(), timeout=30)  # the first beat is under way
-        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
+        return [result_of(event.request_id)]
 
     stage = TrainStage(bus, handle, (IdempotencyStore(), TakesItsCancelForAResult()))
     try:
@@ -212,14 +213,14 @@ async def test_every_stage_announces_its_start_and_end_and_its_result_tells_its_
 
     began: dict[str, datetime] = {}
 
-    async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult]:
         began[event.request_id] = datetime.now(UTC)
         if event.request_id == "slow-1":
             await asyncio.sleep(0.8)
         if event.request_id == "talks-1":
             await ctx.progress(step=1, total=2)
         ctx.tell(found=event.request_id, delivery="the handler's")
-        return [Outgoing(bus.subjects.completed("train"), result_of(event.request_id), "completed")]
+        return [result_of(event.request_id)]
 
     # One connection for both subjects: the server keeps one sender's order for one receiver.
     subs = [await bus.nc.subscribe(bus.subjects.progress(), cb=on_progress),
@@ -245,7 +246,7 @@ async def test_every_stage_announces_its_start_and_end_and_its_result_tells_its_
     assert seen["slow-1"] == ["progress started", "result", "progress finished"]
     assert seen["talks-1"] == ["progress started", "progress running", "result", "progress finished"]
     for rid, data in result_data.items():
-        run = codec.decode(data).run
+        run = codec.decode(data).runs.get(Stage.train)
         assert run is not None and run.attempt == 1, rid
         assert abs((run.started_at - began[rid]).total_seconds()) < 0.1, rid
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))

@@ -138,13 +138,13 @@ def test_a_stage_s_result_tells_its_start_and_attempts() -> None:
     t0 = utcnow()
     record = RequestRecord(request_id="r1")
     quick = DataResult(request_id="r1", ok=False, context=CONTEXT, data=DataSummary(),
-                       run=StageRun(started_at=t0, attempt=1))
+                       runs={"data_processing": StageRun(started_at=t0, attempt=1)})
     agg.on_stage_result(record, quick, BY_STAGE[Stage.data], Stage.judge)
     assert record.stages["data"].started_at == t0 and record.stages["data"].attempts == 1
     assert record.stages["data"].duration_s is not None
 
     judge = judge_result()
-    judge.run = StageRun(started_at=t0 + timedelta(seconds=2), attempt=3)
+    judge.runs = {"judge": StageRun(started_at=t0 + timedelta(seconds=2), attempt=3)}
     agg.on_judge(record, judge, BY_STAGE[Stage.judge])
     assert record.stages["judge"].attempts == 3
     assert record.stages["judge"].started_at == t0 + timedelta(seconds=2)
@@ -153,12 +153,12 @@ def test_a_stage_s_result_tells_its_start_and_attempts() -> None:
     announced = Progress(request_id="r2", stage=Stage.data, state="started", emitted_at=t0 + timedelta(seconds=1))
     agg.on_progress(record, announced)
     late_retry = DataResult(request_id="r2", ok=True, context=CONTEXT, data=DataSummary(),
-                            run=StageRun(started_at=t0 + timedelta(seconds=30), attempt=2))
+                            runs={"data_processing": StageRun(started_at=t0 + timedelta(seconds=30), attempt=2)})
     agg.on_stage_result(record, late_retry, BY_STAGE[Stage.data], Stage.judge)
     assert record.stages["data"].started_at == t0 + timedelta(seconds=1)
     assert record.stages["data"].attempts == 2
     first = DataResult(request_id="r2", ok=True, context=CONTEXT, data=DataSummary(),
-                       run=StageRun(started_at=t0, attempt=1))
+                       runs={"data_processing": StageRun(started_at=t0, attempt=1)})
     agg.on_stage_result(record, first, BY_STAGE[Stage.data], Stage.judge)
     assert record.stages["data"].started_at == t0 and record.stages["data"].attempts == 2
 
@@ -374,3 +374,14 @@ async def test_a_record_update_that_always_loses_says_so(bus: MemoryBus) -> None
     bucket.update = always_stale  # type: ignore[method-assign]
     with pytest.raises(Contention, match="concurrent updates won"):
         await store.update("req-1", lambda r: None, attempts=3)
+
+
+def test_a_judge_result_recorded_before_runs_still_reads() -> None:
+    """Records live 14 days: a judge's result written with its former ``run`` reads as its run in ``runs``."""
+    from shared.events import JudgeResult
+
+    recorded = judge_result().model_dump(mode="json", exclude={"runs"})
+    recorded["run"] = {"started_at": "2025-11-30T10:00:00Z", "attempt": 2}
+    assert JudgeResult.model_validate(recorded).runs["judge"].attempt == 2
+    recorded["run"] = None
+    assert JudgeResult.model_validate(recorded).runs == {}

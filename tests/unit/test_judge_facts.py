@@ -118,7 +118,7 @@ def test_raw_execution_of_a_precheck_and_of_nothing_run(settings: Settings) -> N
     # Cached data (nothing ran) and a config refused before training started: the banners, empty.
     event = ev.train_failed(1, "")
     event.data = DataSummary(cached=True, cache_key="k1")
-    event.train.outcome = None
+    event.runs["data_processing"].outcome = event.runs["training"].outcome = None
     facts = collect_facts(event, ev.TRAIN_YAML, {}, settings)
     assert render_raw_execution(facts) == (
         "=== DATA PROCESSING OUTPUT ===\n(skipped: data.json reused from the cache, key k1)\n=== TRAINING OUTPUT ===\n"

@@ -63,10 +63,11 @@ async def test_a_successful_validation_run_is_judged_a_success_from_its_stored_l
     event = ev.bench_result()
     # The whole logs are in the artifact store; the events carry only their tails.
     train_log = "loading model\n[INFO] epoch 3/3: loss 0.41 (only in the stored log)\nTraining completed.\n"
-    event.train.outcome = event.train.outcome.model_copy(update={"log": await stored_log(bus, "train.log", train_log)})
+    trained, benched = event.runs["training"], event.runs["benchmark"]
+    assert trained.outcome is not None and benched.outcome is not None
+    trained.outcome = trained.outcome.model_copy(update={"log": await stored_log(bus, "train.log", train_log)})
     bench_log = "gsm8k: 100 items\naccuracy 0.52 (only in the stored benchmark log)\n"
-    assert event.outcome is not None
-    event.outcome = event.outcome.model_copy(update={"log": await stored_log(bus, "bench.log", bench_log)})
+    benched.outcome = benched.outcome.model_copy(update={"log": await stored_log(bus, "bench.log", bench_log)})
     result, _ = await judged(bus, bus.subjects.completed("bench"), event)
     fb = result.feedback
     assert fb.final_decision is True and result.failed_stage is None
@@ -82,7 +83,9 @@ async def test_a_successful_validation_run_is_judged_a_success_from_its_stored_l
 
 async def test_a_training_failure_is_classified_from_its_stored_log(bus: MemoryBus) -> None:
     event = ev.train_failed(1, "(the tail lost the traceback)\n")
-    event.train.outcome = event.train.outcome.model_copy(update={"log": await stored_log(bus, "train.log", ev.OOM_LOG)})
+    trained = event.runs["training"]
+    assert trained.outcome is not None
+    trained.outcome = trained.outcome.model_copy(update={"log": await stored_log(bus, "train.log", ev.OOM_LOG)})
     result, _ = await judged(bus, bus.subjects.failed("train"), event)
     assert result.feedback.final_decision is False and result.failed_stage == FailedStage.training
     assert result.feedback.execution.startswith("FAILED with category [OOM]")

@@ -77,7 +77,7 @@ def test_user_prompt_for_failed_training(settings: Settings) -> None:
 
 def test_timeout_comes_from_the_request_when_the_runner_did_not_record_one(settings: Settings) -> None:
     event = ev.data_failed(124, "generating...\n")
-    event.data.outcome.timeout_s = None  # type: ignore[union-attr]
+    event.runs["data_processing"].outcome.timeout_s = None  # type: ignore[union-attr]
     event.context.timeouts = Timeouts(data_processing=600)
     prompt = _user_prompt(event, settings, "generating...\n")
     assert "Failed stage: data_processing" in prompt

@@ -33,10 +33,9 @@ def sample(name: str, **labels: str) -> float:
 
 
 def trained(rid: str, *, ok: bool = True, timed_out: bool = False) -> TrainResult:
-    summary = train_summary(exit_code=0 if ok else (124 if timed_out else 1))
-    assert summary.outcome is not None
-    summary.outcome.timed_out = timed_out
-    return TrainResult(request_id=rid, ok=ok, context=context(), data=data_summary(), train=summary)
+    outcome = StageOutcome(exit_code=0 if ok else (124 if timed_out else 1), timed_out=timed_out)
+    return TrainResult(request_id=rid, ok=ok, context=context(), data=data_summary(), train=train_summary(),
+                       outcome=outcome)
 
 
 # ---------------------------------------------------------------------------- classification
@@ -48,8 +47,8 @@ def test_a_handling_is_ok_a_candidate_failure_or_a_timeout_by_what_it_published(
     assert metrics.outcome_of([Outgoing(f"{s}.failed", trained("b", ok=False), "failed")]) == "candidate_failure"
     assert metrics.outcome_of([Outgoing(f"{s}.failed", trained("c", ok=False, timed_out=True), "failed")]) == "timeout"
     # The benchmark's two splits: a validation failure is the handling's failure.
-    data = DataResult(request_id="d", ok=False, context=context(), data=data_summary())
-    data.data.outcome = StageOutcome(exit_code=124, timed_out=True)
+    data = DataResult(request_id="d", ok=False, context=context(), data=data_summary(),
+                      outcome=StageOutcome(exit_code=124, timed_out=True))
     both = [Outgoing("x.test", trained("d"), "test"), Outgoing("x.failed", data, "failed")]
     assert metrics.outcome_of(both) == "timeout"
     assert metrics.outcome_of([]) == "ok"  # the aggregator publishes nothing of its own

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from ftbus.progress_view import STAGE_LABELS
 from ftbus.stages import BY_STAGE, LABELS, PIPELINE
 from services.aggregator.service import Aggregator
-from shared.events import Stage
+from shared.events import Stage, Timeouts
+from shared.settings import Settings
 from shared.subjects import Subjects
 
 S = Subjects("ftbus")
@@ -43,3 +47,22 @@ def test_the_aggregator_leaves_a_stages_dead_letters_to_that_stage() -> None:
     assert aggregator._dead_letters_here(S.failed("bench")) == "the judge stage dead-letters it"
     assert aggregator._dead_letters_here(S.completed("judge")) is None  # only the aggregator reads it
     assert aggregator._dead_letters_here(S.cancel) is None
+
+
+def test_a_request_may_lower_a_timeout_never_raise_it() -> None:
+    """A stage's timeout is its row's (a setting); a request lowers it by the row's record name."""
+    settings = Settings(train_timeout_s=100, bench_timeout_s=50)
+    train, bench = BY_STAGE[Stage.train], BY_STAGE[Stage.bench]
+    assert train.timeout_in(settings, Timeouts(training=10)) == 10
+    assert train.timeout_in(settings, Timeouts(training=1000)) == 100
+    assert train.timeout_in(settings, Timeouts()) == 100
+    assert train.timeout_in(settings, Timeouts(benchmark=1)) == 100  # another stage's
+    assert bench.timeout_in(settings, Timeouts(benchmark=20)) == 20
+    assert bench.limit(settings) == 100  # the sweeper waits for both splits, one after the other
+
+
+def test_timeouts_name_record_names_and_positive_seconds() -> None:
+    assert Timeouts(screening=5).of("screening") == 5  # a stage another pipeline adds
+    for bad in ({"training": 0}, {"training": -1}, {"Not A Name": 3}):
+        with pytest.raises(ValidationError):
+            Timeouts(**bad)

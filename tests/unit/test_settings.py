@@ -37,13 +37,6 @@ def test_openai_variables_of_the_reference_are_honoured(monkeypatch: pytest.Monk
     assert s.openai_base_url == "http://llm.local/v1" and s.openai_api_key == "k"
 
 
-def test_a_request_may_lower_a_timeout_never_raise_it() -> None:
-    s = Settings(train_timeout_s=100)
-    assert s.timeout_for("training", 10) == 10
-    assert s.timeout_for("training", 1000) == 100
-    assert s.timeout_for("training", None) == 100
-
-
 def test_bad_values_and_unknown_keys_are_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(ValidationError):
         Settings(max_deliver=0)

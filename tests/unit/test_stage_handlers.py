@@ -22,6 +22,7 @@ from tests.fakes.stage_context import (
     FakeBus,
     RecordingRunner,
     fake_context,
+    handled,
     request_context,
     upload_workspace,
 )
@@ -61,7 +62,7 @@ async def test_data_precheck_failure_runs_nothing(settings: Settings, tmp_path: 
     runner = RecordingRunner(writes_data)
     ctx = fake_context(Stage.data, settings, runner)
     event = await _eval(settings, ctx.bus, tmp_path, drop=("train.yaml",))  # type: ignore[arg-type]
-    [out] = await data.handle(event, ctx)
+    [out] = await handled(data.handle, event, ctx)
     assert out.subject == ctx.subjects.failed("data") and out.event.failed_stage == "precheck"
     assert "train.yaml" in (out.event.error or "") and runner.calls == []
 
@@ -71,11 +72,12 @@ async def test_data_success_is_sandboxed_described_and_cached(settings: Settings
     ctx = fake_context(Stage.data, settings, runner)
     bus = ctx.bus
     event = await _eval(settings, bus, tmp_path)  # type: ignore[arg-type]
-    [out] = await data.handle(event, ctx)
+    [out] = await handled(data.handle, event, ctx)
     assert out.subject == ctx.subjects.completed("data"), out.event.error
     summary = out.event.data
     assert summary.data_stats.total_samples == 60 and summary.cached is False
-    assert summary.outcome.sandbox == "docker:fake"
+    run = out.event.runs["data_processing"]  # the run, under the data row's record name
+    assert out.event.outcome.sandbox == run.outcome.sandbox == "docker:fake"
     [call] = runner.calls
     assert call.argv == ["python", "process_data.py"]
     mounted = {m.path for m in call.sandbox.mounts}
@@ -84,7 +86,7 @@ async def test_data_success_is_sandboxed_described_and_cached(settings: Settings
     assert "OPENAI_API_KEY" not in call.env  # no LLM configured: no key, no network
     # The same workspace again: served from the cache, nothing runs.
     again = fake_context(Stage.data, settings, runner, request_id="r2", bus=bus)  # type: ignore[arg-type]
-    [cached] = await data.handle(event.model_copy(update={"request_id": "r2"}), again)
+    [cached] = await handled(data.handle, event.model_copy(update={"request_id": "r2"}), again)
     assert cached.event.data.cached is True and len(runner.calls) == 1
     assert "r2/data/data.json" in bus.stores["artifacts"].objects
 
@@ -101,14 +103,14 @@ async def test_data_success_is_sandboxed_described_and_cached(settings: Settings
 )
 async def test_data_failures_name_the_cause(settings: Settings, tmp_path: Path, script: object, expected: str) -> None:
     ctx = fake_context(Stage.data, settings, RecordingRunner(script))  # type: ignore[arg-type]
-    [out] = await data.handle(await _eval(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
+    [out] = await handled(data.handle, await _eval(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
     assert out.subject == ctx.subjects.failed("data")
     assert out.event.failed_stage == "data_processing" and expected in (out.event.error or "")
 
 
 async def test_data_timeout_says_124(settings: Settings, tmp_path: Path) -> None:
     ctx = fake_context(Stage.data, settings, RecordingRunner(writes_data, timed_out=True))
-    [out] = await data.handle(await _eval(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
+    [out] = await handled(data.handle, await _eval(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
     assert "timed out" in (out.event.error or "") and "124" in (out.event.error or "")
 
 
@@ -138,7 +140,7 @@ def trains(kind: str = "lora") -> object:
 async def test_training_success_keeps_outputs_and_loss(settings: Settings, tmp_path: Path) -> None:
     runner = RecordingRunner(trains())  # type: ignore[arg-type]
     ctx = fake_context(Stage.train, settings, runner)
-    [out] = await trainer.handle(await _data_result(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
+    [out] = await handled(trainer.handle, await _data_result(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
     assert out.subject == ctx.subjects.completed("train"), out.event.error
     summary = out.event.train
     assert summary.model_kind == "lora" and len(summary.training_metrics.loss_history.train) == 5
@@ -164,7 +166,7 @@ async def test_training_failures_name_the_cause(
 ) -> None:
     runner = RecordingRunner(script)  # type: ignore[arg-type]
     ctx = fake_context(Stage.train, settings, runner)
-    [out] = await trainer.handle(await _data_result(settings, ctx.bus, tmp_path, **workspace), ctx)  # type: ignore[arg-type]
+    [out] = await handled(trainer.handle, await _data_result(settings, ctx.bus, tmp_path, **workspace), ctx)  # type: ignore[arg-type]
     assert out.subject == ctx.subjects.failed("train") and expected in (out.event.error or "")
     assert bool(runner.calls) is ran
 
@@ -191,7 +193,7 @@ async def test_an_unknown_benchmark_fails_both_splits_with_the_known_names(setti
     runner = RecordingRunner(lambda a, c, e: (0, ""))
     ctx = fake_context(Stage.bench, settings, runner)
     event = await _train_result(settings, ctx.bus, tmp_path, {"adapter_model.safetensors": b"x"}, "tiny-arithm")  # type: ignore[arg-type]
-    outs = await bench.handle(event, ctx)
+    outs = await handled(bench.handle, event, ctx)
     assert [o.kind for o in outs] == ["failed", "test"] and runner.calls == []
     assert all("tiny-arith" in (o.event.error or "") for o in outs)
 
@@ -200,7 +202,7 @@ async def test_pickled_weights_are_refused_unloaded(settings: Settings, tmp_path
     runner = RecordingRunner(lambda a, c, e: (0, ""))
     ctx = fake_context(Stage.bench, settings, runner)
     outputs = {"adapter_config.json": b"{}", "adapter_model.bin": b"\x80\x04pickle"}
-    outs = await bench.handle(await _train_result(settings, ctx.bus, tmp_path, outputs), ctx)  # type: ignore[arg-type]
+    outs = await handled(bench.handle, await _train_result(settings, ctx.bus, tmp_path, outputs), ctx)  # type: ignore[arg-type]
     assert runner.calls == [] and all("pickle format" in (o.event.error or "") for o in outs)
 
 
@@ -209,7 +211,7 @@ async def test_each_split_runs_sandboxed_and_a_failing_harness_is_named(settings
     ctx = fake_context(Stage.bench, settings, runner)
     event = await _train_result(settings, ctx.bus, tmp_path, {"adapter_model.safetensors": b"x",
                                                                "adapter_config.json": b"{}"})  # type: ignore[arg-type]
-    outs = await bench.handle(event, ctx)
+    outs = await handled(bench.handle, event, ctx)
     assert [o.subject for o in outs] == [ctx.subjects.failed("bench"), ctx.subjects.bench_test]
     assert all("exited with code 2" in (o.event.error or "") for o in outs)
     assert len(runner.calls) == 2  # validation and test; no baseline for a failed candidate run

@@ -23,7 +23,7 @@ from shared.subjects import msg_id
 from tests.fakes.judge_events import context, data_summary, train_summary
 from tests.memory_bus import MemoryBus, memory_settings, running
 
-Handler = Callable[[DataResult, StageContext], Awaitable[list[Outgoing]]]
+Handler = Callable[[DataResult, StageContext], Awaitable[list[TrainResult]]]
 
 
 @pytest.fixture
@@ -78,11 +78,11 @@ class Counting:
         self.runs: list[tuple[str, int]] = []
         self._before = before
 
-    async def __call__(self, event: DataResult, ctx: StageContext) -> list[Outgoing]:
+    async def __call__(self, event: DataResult, ctx: StageContext) -> list[TrainResult]:
         self.runs.append((event.request_id, ctx.deliveries))
         if self._before is not None:
             await self._before(event, ctx)
-        return [Outgoing(ctx.subjects.completed("train"), trained(event.request_id), "completed")]
+        return [trained(event.request_id)]
 
 
 # ---------------------------------------------------------------------------- a handled message
@@ -99,12 +99,41 @@ async def test_a_handled_message_is_published_once_stored_and_acked(bus: MemoryB
     [published, _] = bus.messages(bus.subjects.completed("train"))
     assert published.headers["Nats-Msg-Id"] == "ok-1:train:completed"
     result = published.event(TrainResult)
-    assert result.request_id == "ok-1" and result.ok and result.run is not None and result.run.attempt == 1
+    assert result.request_id == "ok-1" and result.ok and result.runs["train"].attempt == 1
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
     stored = msgpack.unpackb((await kv.get("ok-1.train")).value, raw=False)
     assert stored == [[bus.subjects.completed("train"), "completed", published.data]]  # the bytes published
     track = bus.tracking(first, durable(bus))
     assert (track.delivered, track.naks, track.termed) == (1, 0, False)
+
+
+async def test_results_are_routed_by_the_row_failures_named_by_its_record_name(bus: MemoryBus) -> None:
+    """The handler returns plain results: the worker publishes each on the stage's completed or failed
+    subject by its ``ok``, names the row's record name as ``failed_stage`` where the handler named
+    none, files its run under that name beside the earlier stages' runs, and publishes an explicit
+    Outgoing where it says."""
+    from ftbus.stages import BY_STAGE
+    from shared.events import StageRun, utcnow
+
+    async def handle(event: DataResult, ctx: StageContext) -> list[TrainResult | Outgoing]:
+        failed = trained(event.request_id).model_copy(update={"ok": False, "error": "exit 1"})
+        return [failed, Outgoing(bus.subjects.bench_test, trained(event.request_id), "note")]
+
+    worker = StageWorker(bus, Stage.train, handle, (DataResult,), filters=[bus.subjects.completed("data")],  # type: ignore[arg-type]
+                         runner=LocalRunner(bus.settings.passthrough_env), row=BY_STAGE[Stage.train])
+    earlier = {"data_processing": StageRun(started_at=utcnow(), attempt=2)}
+    async with running(bus, worker):
+        ack = await bus.publish(bus.subjects.completed("data"), data_done("r-1").model_copy(update={"runs": earlier}),
+                                msg_id("r-1", "data", "completed"))
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="r-1 acked")
+    assert results(bus) == []
+    [failed] = bus.events(bus.subjects.failed("train"), TrainResult)
+    assert failed.failed_stage == "training" and failed.error == "exit 1"
+    assert list(failed.runs) == ["data_processing", "training"] and failed.runs["training"].attempt == 1
+    assert failed.runs["data_processing"] == earlier["data_processing"]
+    [note] = bus.messages(bus.subjects.bench_test)
+    assert note.headers["Nats-Msg-Id"] == "r-1:train:note" and list(note.event(TrainResult).runs) == [
+        "data_processing", "training"]
 
 
 # ---------------------------------------------------------------------------- a handler that raises
@@ -123,7 +152,7 @@ async def test_a_handler_that_fails_once_is_naked_redelivered_and_publishes_one_
     track = bus.tracking(ack, durable(bus))
     assert (track.delivered, track.naks) == (2, 1)
     [result] = results(bus)
-    assert result.run is not None and result.run.attempt == 2
+    assert result.runs["train"].attempt == 2
     states = [p.state for p in bus.heard(bus.subjects.progress("flaky-1"), Progress)]
     assert states == ["started", "retrying", "started", "finished"]
 
