@@ -81,7 +81,7 @@ class Env:
 
     async def report(self, rid: str) -> Report:
         assert self.pipeline.client is not None
-        report = await self.pipeline.client.wait(rid, timeout_s=120, report=True)
+        report = await self.pipeline.client.wait_report(rid, timeout_s=120)
         assert isinstance(report, Report)
         return report
 
