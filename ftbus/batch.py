@@ -343,7 +343,8 @@ async def logs_main(settings: Any, request_id: str, stage: str | None, follow: b
     ``as_json``: one object on stdout at the end, ``{"request_id", "logs": {stage: text or null}}``."""
     from ftbus.client import LOG_FILES, Client
 
-    stages = [stage] if stage else ["data", "train", "bench"]
+    # Without --stage: every pipeline stage that leaves a log, in the table's order (ftbus/stages.py).
+    stages = [stage] if stage else [name for name in STAGE_LABELS if name in LOG_FILES]
     printed = 0
     found: dict[str, str | None] = {}
     async with Client(settings=settings) as client:

@@ -137,7 +137,9 @@ def worker(
     async def main() -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)
-        if stage in (Stage.data, Stage.train, Stage.bench):
+        from ftbus.stages import BY_STAGE
+
+        if BY_STAGE[stage].sandboxed:  # it runs candidate code: say where
             _print_sandbox(settings)
         from ftbus.undertaker import start_undertaker
 
