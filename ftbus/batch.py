@@ -1,7 +1,7 @@
 """What the batch commands show: `ftbus submit` with several workspaces or a JSONL of tasks (one
 progress view for all, then a summary), `ftbus ls` (a table of requests) and `ftbus logs`.
 
-Rendering only: the commands themselves are in ftbus/cli.py, the calls in ftbus/client.py.
+Rendering only: the commands themselves are in ftbus/cli_*.py, the calls in ftbus/client.py.
 """
 
 from __future__ import annotations
