@@ -73,7 +73,8 @@ LOG_FILES: dict[str, str] = {
     "bench": "benchmark-validation.log",
     "baseline": "benchmark-baseline-validation.log",
 }
-#: Which pipeline stage (as in RequestStatusView.stages) writes each log.
+#: Which pipeline stage (as in RequestStatusView.stages) writes each log: stages of the table
+#: (ftbus/stages.py), every sandboxed one with a log of its own name (tests/unit/test_ui_lists.py).
 LOG_STAGE: dict[str, str] = {"data": "data", "train": "train", "bench": "bench", "baseline": "bench"}
 
 __all__ = [
