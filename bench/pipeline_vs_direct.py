@@ -2,7 +2,7 @@
 
 Direct = what the reference evaluator does, one after another in one workspace:
 `python process_data.py`, `llamafactory-cli train train.yaml`, then lm-eval on the validation
-split and on the test split. Pipeline = `FtbusClient.submit` -> verdict through a real
+split and on the test split. Pipeline = `Client.submit` -> verdict through a real
 nats-server and all five services (report included, so both splits are done). The baseline
 cache is warmed first so that both sides do the same work; the data cache is defeated by giving
 every run its own copy of process_data.py.
@@ -36,7 +36,7 @@ from evaluation.lmeval import prepare_lm_eval_run  # noqa: E402
 from evaluation.models import select_model  # noqa: E402
 from evaluation.registry import load_benchmark  # noqa: E402
 from evaluation.splits import make_split  # noqa: E402
-from ftbus.bus_client import FtbusClient  # noqa: E402
+from ftbus.client import Client  # noqa: E402
 from ftbus.embedded import EmbeddedServer  # noqa: E402
 from services.data.env import data_processing_env  # noqa: E402
 from services.trainer.config import prepare_train_yaml  # noqa: E402
@@ -87,13 +87,13 @@ def direct(settings: Settings, example: Path, scratch: Path) -> dict[str, float]
     return times
 
 
-async def pipeline(client: FtbusClient, example: Path, scratch: Path) -> dict[str, float]:
+async def pipeline(client: Client, example: Path, scratch: Path) -> dict[str, float]:
     ws = fresh_copy(example, scratch / f"pipe-{secrets.token_hex(3)}")
     start = time.perf_counter()
     rid = await client.submit(ws, TASK)
     verdict = await client.wait(rid)
     verdict_s = time.perf_counter() - start
-    await client.wait(rid, report=True)
+    await client.wait_report(rid)
     total = time.perf_counter() - start
     if not verdict.final_decision:
         raise RuntimeError(f"pipeline verdict was negative: {verdict.execution}")
@@ -122,7 +122,7 @@ async def main() -> int:
         await bus.ensure_topology()
         stop = asyncio.Event()
         services = asyncio.create_task(run_services(bus, list(Stage), None, stop))  # each stage its own
-        client = FtbusClient(bus)
+        client = Client.on_bus(bus)
         try:
             console.print("warm-up run (fills the baseline cache; not timed)")
             await pipeline(client, example, scratch)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from chaos.cluster import Cluster  # noqa: E402
 from chaos.load import EXPECTED, TASK, workspace  # noqa: E402
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain  # noqa: E402
-from ftbus.bus_client import FtbusClient  # noqa: E402
+from ftbus.client import Client  # noqa: E402
 from shared.logs import setup_logging  # noqa: E402
 from shared.settings import Settings  # noqa: E402
 
@@ -59,7 +59,7 @@ async def soak(args: argparse.Namespace, root: Path) -> int:
     }
     services = Services(root / "logs", settings, per_stage=1, concurrency=args.concurrency)
     services.start()
-    client = await FtbusClient.connect(Settings(**{k: v for k, v in settings.items() if k != "dashboard_in_up"}))
+    client = await Client(settings=Settings(**{k: v for k, v in settings.items() if k != "dashboard_in_up"})).connect()
     samples: dict[str, list[tuple[int, int]]] = {s.name: [] for s in services.all}
     done = 0
     outcomes: dict[str, int] = {}

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.real_tools import real_tool_settings  # noqa: E402
-from ftbus.bus_client import FtbusClient  # noqa: E402
+from ftbus.client import Client  # noqa: E402
 from ftbus.embedded import EmbeddedServer  # noqa: E402
 from shared.events import Stage, TaskSpec  # noqa: E402
 from shared.settings import Settings  # noqa: E402
@@ -60,12 +60,12 @@ def fresh_copy(example: Path, dest: Path) -> Path:
     return dest
 
 
-async def one_request(client: FtbusClient, example: str, scratch: Path) -> dict[str, float]:
+async def one_request(client: Client, example: str, scratch: Path) -> dict[str, float]:
     ws = fresh_copy(REPO / "examples" / example, scratch / f"ws-{secrets.token_hex(3)}")
     start = time.perf_counter()
     rid = await client.submit(ws, TASKS[example])
     verdict = await client.wait(rid, timeout_s=1800)
-    report = await client.wait(rid, report=True, timeout_s=600)
+    report = await client.wait_report(rid, timeout_s=600)
     total = time.perf_counter() - start
     if verdict.final_decision is not True:
         raise RuntimeError(f"the verdict was not positive: {verdict.execution[-3000:]}")
@@ -106,7 +106,7 @@ async def measure(settings: Settings, example: str, scratch: Path) -> dict[str, 
             services = asyncio.create_task(run_services(bus, list(Stage), 1, stop))
             await asyncio.sleep(0.5)
             try:
-                client = FtbusClient(bus)
+                client = Client.on_bus(bus)
                 for name in runs:
                     console.print(f"request: {name}")
                     results[name] = await unless_stopped(one_request(client, example, scratch), services)

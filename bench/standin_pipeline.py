@@ -113,6 +113,17 @@ async def _worker(stage_name: str, timings: Path, concurrency: int | None) -> No
         out.close()
 
 
+async def _connect(settings: Any) -> Any:
+    """The tree's client, connected: ``Client`` (one class since issue 35), ``FtbusClient`` before."""
+    try:
+        from ftbus.bus_client import FtbusClient  # trees before issue 35
+    except ImportError:
+        from ftbus.client import Client
+
+        return await Client(settings=settings).connect()
+    return await FtbusClient.connect(settings)
+
+
 class Stand:
     """nats-server + one worker process per stage (``one_process``: one for all stages, as
     ``ftbus up``) + a client connection, under ``root``."""
@@ -131,7 +142,6 @@ class Stand:
 
     async def __aenter__(self) -> Stand:
         from chaos.services import service_env, standin_assets, standin_toolchain
-        from ftbus.bus_client import FtbusClient
         from ftbus.embedded import EmbeddedServer
         from shared.settings import Settings
 
@@ -152,7 +162,7 @@ class Stand:
         self.settings = Settings(**values)  # type: ignore[arg-type]
         env = service_env(values)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        self.client = await FtbusClient.connect(self.settings)  # creates the topology first
+        self.client = await _connect(self.settings)  # creates the topology first
         self._start_workers(env)
         await self._wait_for_consumers()
         return self
@@ -222,14 +232,17 @@ class Stand:
 
     async def upload(self, workspace: Path, rid: str) -> Any:
         """The request event for ``workspace``, its files uploaded (what `submit` does before publishing)."""
-        from ftbus.bus_client import _exclude_outputs
+        try:
+            from ftbus.submitting import exclude_outputs
+        except ImportError:  # trees before issue 35
+            from ftbus.bus_client import _exclude_outputs as exclude_outputs  # type: ignore[no-redef]
         from shared.artifacts import upload_dir
         from shared.events import EvalRequested, RequestContext, TaskSpec
 
         settings = self.settings
         files = await upload_dir(await self.client.bus.artifacts(), f"{rid}/workspace", workspace,
                                  max_bytes=settings.max_workspace_bytes, max_files=settings.max_workspace_files,
-                                 exclude=_exclude_outputs)
+                                 exclude=exclude_outputs)
         task = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
         return EvalRequested(request_id=rid, context=RequestContext(task=task, workspace=files))
 

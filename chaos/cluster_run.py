@@ -45,7 +45,7 @@ from chaos.load import Load
 from chaos.retry import retry
 from chaos.run import connect_retrying, explain_missing, find_stale_views, tap_verdicts
 from chaos.services import leftovers, standin_assets
-from ftbus.bus_client import FtbusClient
+from ftbus.client import Client
 from shared.events import Stage
 from shared.logs import setup_logging
 from shared.settings import Settings
@@ -101,7 +101,7 @@ def client_settings(compose: Compose, user: str, password: str, name: str) -> Se
                     log_level="ERROR")
 
 
-async def wait_for_workers(admin: FtbusClient, timeout_s: float = 180.0) -> None:
+async def wait_for_workers(admin: Client, timeout_s: float = 180.0) -> None:
     """Until every stage's durable consumer has a worker pulling from it."""
     s = admin.bus.subjects
     deadline = time.monotonic() + timeout_s

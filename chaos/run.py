@@ -35,7 +35,7 @@ from chaos.load import Load
 from chaos.network import Network, NetworkUnavailable
 from chaos.retry import retry
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain
-from ftbus.bus_client import FtbusClient
+from ftbus.client import Client
 from shared import codec
 from shared.events import Verdict
 from shared.logs import setup_logging
@@ -118,7 +118,7 @@ async def chaos(args: argparse.Namespace, root: Path,
     return result, ack_losses, faults.log
 
 
-async def tap_verdicts(client: FtbusClient) -> tuple[dict[str, set[tuple[str, bool]]], Counter[str]]:
+async def tap_verdicts(client: Client) -> tuple[dict[str, set[tuple[str, bool]]], Counter[str]]:
     """Every verdict published, as it is published (core subscription): per request, the distinct
     (status, decision) pairs and how many were published. The checker's evidence of duplicates."""
     published: dict[str, set[tuple[str, bool]]] = {}
@@ -136,7 +136,7 @@ async def tap_verdicts(client: FtbusClient) -> tuple[dict[str, set[tuple[str, bo
     return published, counts
 
 
-async def find_stale_views(client: FtbusClient, load: Load) -> list[str]:
+async def find_stale_views(client: Client, load: Load) -> list[str]:
     """Requests whose public view does not show the verdict they got."""
     stale = []
     for req in load.requests:
@@ -148,7 +148,7 @@ async def find_stale_views(client: FtbusClient, load: Load) -> list[str]:
     return stale
 
 
-async def explain_missing(client: FtbusClient, load: Load) -> None:
+async def explain_missing(client: Client, load: Load) -> None:
     """For each request without a verdict: where its record says it is, and each stage's backlog."""
     missing = [r for r in load.requests if r.verdict is None]
     if not missing:
@@ -202,10 +202,10 @@ def make_network(loopback: bool) -> tuple[Network | None, str]:
                      f"clients on the bridge")
 
 
-async def connect_retrying(settings: Settings) -> FtbusClient:
+async def connect_retrying(settings: Settings) -> Client:
     for attempt in range(30):
         try:
-            return await FtbusClient.connect(settings)
+            return await Client(settings=settings).connect()
         except Exception:
             if attempt == 29:
                 raise

@@ -40,7 +40,7 @@ FALLBACK: dict[str, str] = {
     "updates a stream only when its subjects or its age limit differ): change them with `nats stream edit "
     "--replicas`.",
     "sweep_interval_s": "How often the aggregator looks for stuck requests and unpublished verdicts.",
-    "max_workspace_bytes": "Largest workspace (sum of file sizes) that `ftbus submit` / FtbusClient.submit "
+    "max_workspace_bytes": "Largest workspace (sum of file sizes) that `ftbus submit` / Client.submit "
     "uploads; checked by the submitting client, with its own settings.",
     "max_workspace_files": "Most files a workspace may hold; checked by the submitting client.",
     "train_command": "Command the trainer runs in the workspace (split like a shell would, no shell).",

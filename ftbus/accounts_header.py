@@ -29,7 +29,7 @@ HEADER = r"""# ftbus: NATS accounts, users and permissions. Included by nats-ser
 #                                dashboards.
 #   `_INBOX.<connection name>.>` replies: each ftbus program connects with its own inbox prefix
 #                                (shared/bus.py): `ftbus worker STAGE` -> `_INBOX.ftbus-STAGE`,
-#                                the CLI and FtbusClient -> `_INBOX.ftbus-client`, `ftbus up` ->
+#                                the CLI and Client -> `_INBOX.ftbus-client`, `ftbus up` ->
 #                                `_INBOX.ftbus-up`. Each user may subscribe to its program's
 #                                inboxes only, so nobody reads the replies to another user's
 #                                requests (the aggregator's pulls from FTBUS_TEST, say).

@@ -1,7 +1,7 @@
 """What the batch commands show: `ftbus submit` with several workspaces or a JSONL of tasks (one
 progress view for all, then a summary), `ftbus ls` (a table of requests) and `ftbus logs`.
 
-Rendering only: the commands themselves are in ftbus/cli.py, the calls in ftbus/client.py.
+Rendering only: the commands themselves are in ftbus/cli_*.py, the calls in ftbus/client.py.
 """
 
 from __future__ import annotations
@@ -343,7 +343,8 @@ async def logs_main(settings: Any, request_id: str, stage: str | None, follow: b
     ``as_json``: one object on stdout at the end, ``{"request_id", "logs": {stage: text or null}}``."""
     from ftbus.client import LOG_FILES, Client
 
-    stages = [stage] if stage else ["data", "train", "bench"]
+    # Without --stage: every pipeline stage that leaves a log, in the table's order (ftbus/stages.py).
+    stages = [stage] if stage else [name for name in STAGE_LABELS if name in LOG_FILES]
     printed = 0
     found: dict[str, str | None] = {}
     async with Client(settings=settings) as client:

@@ -1,5 +1,5 @@
 """What `ftbus campaign NAME` shows: a campaign's incumbent, the incumbents in order, and every judged
-candidate with its comparison (shared/campaigns.py). Rendering only: the command is in ftbus/cli.py."""
+candidate with its comparison (shared/campaigns.py). Rendering only: the command is in ftbus/cli_results.py."""
 
 from __future__ import annotations
 

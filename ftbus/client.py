@@ -14,31 +14,50 @@ running event loop such as Jupyter's)::
 
 Results are the bus's own pydantic models: :class:`Verdict` (what an agent may see), :class:`Report`
 (the verdict plus the hidden test split; only users granted it may read it), :class:`RequestStatusView`.
-The connection itself is ``ftbus.bus_client.FtbusClient``; this class adds the task-level calls
-(keyword arguments instead of a ``TaskSpec``), batches, listing, logs and the blocking wrappers.
+It is the one client: the CLI uses it too. Every call raises shared.bus.PermissionDenied ("permission
+denied for <subject>") as soon as the server refuses this user one of its publishes or subscriptions.
 A ``Client`` that is not connected holds only its settings, so it pickles (RD-Agent sends its
-evaluators to worker processes).
+evaluators to worker processes). The parts live beside it: ftbus/connect.py (connecting, and why it
+failed), ftbus/submitting.py (the upload and the request), ftbus/following.py (wait, watch, follow).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ftbus.bus_client import FtbusClient, ProgressCallback, WaitTimeout
-from shared.campaigns import CampaignRecord
-from shared.events import MAX_RUNS, CampaignName, Progress, Report, TaskSpec, Timeouts, Verdict
+from ftbus.connect import connect_bus
+from ftbus.following import ProgressCallback, WaitTimeout, follow_stage, wait_for, watch_all
+from ftbus.submitting import SUBMITTED_MARKER, new_request_id, submit_workspace
+from shared import codec
+from shared.bus import Bus
+from shared.campaigns import CampaignRecord, CampaignStore
+from shared.events import (
+    CAMPAIGN_NAME,
+    CAMPAIGN_NAME_RULE,
+    MAX_RUNS,
+    CampaignName,
+    CancelRequested,
+    Progress,
+    Report,
+    TaskSpec,
+    Timeouts,
+    Verdict,
+)
 from shared.kv_scan import latest
 from shared.records import TERMINAL, RequestStatus, RequestStatusView
 from shared.settings import Settings
+from shared.subjects import msg_id
+from shared.taskcheck import assets_visible, check_task
 
 if TYPE_CHECKING:
     from ftbus.compare import RequestComparison
@@ -54,7 +73,8 @@ LOG_FILES: dict[str, str] = {
     "bench": "benchmark-validation.log",
     "baseline": "benchmark-baseline-validation.log",
 }
-#: Which pipeline stage (as in RequestStatusView.stages) writes each log.
+#: Which pipeline stage (as in RequestStatusView.stages) writes each log: stages of the table
+#: (ftbus/stages.py), every sandboxed one with a log of its own name (tests/unit/test_ui_lists.py).
 LOG_STAGE: dict[str, str] = {"data": "data", "train": "train", "bench": "bench", "baseline": "bench"}
 
 __all__ = [
@@ -108,19 +128,28 @@ class Client:
         if nats_url:
             update["nats_url"] = nats_url
         self.settings = base.model_copy(update=update) if update else base
-        self._conn: FtbusClient | None = None
+        self._bus: Bus | None = None
+
+    @classmethod
+    def on_bus(cls, bus: Bus) -> Client:
+        """A client over a connection that is already open (its topology made); closing it closes ``bus``."""
+        client = cls(settings=bus.settings)
+        client._bus = bus
+        return client
 
     # ------------------------------------------------------------------ connection
 
     async def connect(self) -> Client:
-        if self._conn is None:
-            self._conn = await FtbusClient.connect(self.settings)
+        """Connect (as ``client_name``, trying for ``connect_budget_s``). Raises NotConnected whose
+        message names the URL, where it came from and what to do."""
+        if self._bus is None:
+            self._bus = await connect_bus(self.settings)
         return self
 
     async def close(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
-            await conn.close()
+        if self._bus is not None:
+            bus, self._bus = self._bus, None
+            await bus.close()
 
     async def __aenter__(self) -> Client:
         return await self.connect()
@@ -131,16 +160,16 @@ class Client:
         await self.close()
 
     @property
-    def connection(self) -> FtbusClient:
-        """The underlying ``ftbus.bus_client.FtbusClient`` (for watch() and the lower-level calls)."""
-        if self._conn is None:
+    def bus(self) -> Bus:
+        """The connection (for the lower-level calls: its streams, buckets and stores)."""
+        if self._bus is None:
             raise RuntimeError("the Client is not connected: use `async with Client() as client:` "
                                "(or the blocking Client().evaluate(...))")
-        return self._conn
+        return self._bus
 
     def __getstate__(self) -> dict[str, Any]:
         # A live connection belongs to one event loop in one process: never pickled.
-        return {"settings": self.settings, "_conn": None}
+        return {"settings": self.settings, "_bus": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -150,36 +179,87 @@ class Client:
     async def submit(
         self,
         workspace: str | Path,
+        task: TaskSpec | None = None,
+        timeouts: Timeouts | None = None,
         *,
-        base_model: str,
-        benchmark: str,
+        base_model: str | None = None,
+        benchmark: str | None = None,
         description: str = "",
         datasets: Sequence[str] = (),
-        timeouts: Timeouts | None = None,
         request_id: str | None = None,
         num_runs: int | None = None,
         campaign: str | None = None,
     ) -> str:
-        """Upload the workspace and request its evaluation; return the request id at once. ``num_runs``:
-        samples per benchmark item (default: the benchmark's own, 1 unless its descriptor says).
+        """Upload the workspace and request its evaluation; return the request id at once. The task is
+        either a ``TaskSpec`` or its fields as keywords: ``base_model`` and ``benchmark``; ``num_runs``:
+        samples per benchmark item (default: the benchmark's own, 1 unless its descriptor says);
         ``campaign``: the campaign it belongs to (letters, digits, ``_`` and ``-``): it is accepted only
         if it beats the campaign's incumbent beyond noise, and then becomes the incumbent
-        (docs/judge.md, "Campaigns"; :meth:`campaign` shows one)."""
-        task = EvalTask(workspace=Path(workspace), base_model=base_model, benchmark=benchmark,
-                        description=description, datasets=list(datasets), timeouts=timeouts or Timeouts(),
-                        num_runs=num_runs, campaign=campaign)
-        return await self.submit_task(task, request_id=request_id)
+        (docs/judge.md, "Campaigns"; :meth:`campaign` shows one).
+
+        Raises FileNotFoundError (no such folder), UnknownAsset (with the known names, where this
+        machine sees the assets) or WorkspaceTooLarge before anything is sent."""
+        if task is None:
+            if base_model is None or benchmark is None:
+                raise TypeError("submit needs a TaskSpec or both base_model= and benchmark=")
+            task = EvalTask(workspace=Path(workspace), base_model=base_model, benchmark=benchmark,
+                            description=description, datasets=list(datasets), num_runs=num_runs,
+                            campaign=campaign).task_spec()
+        elif base_model or benchmark or description or datasets or num_runs or campaign:
+            raise TypeError("submit takes a TaskSpec or the task's fields as keywords, not both")
+        workspace = Path(workspace)
+        if not workspace.is_dir():
+            raise FileNotFoundError(f"workspace {workspace} is not a folder")
+        bus = self.bus
+        if assets_visible(bus.settings.assets):
+            check_task(task, bus.settings.assets)  # UnknownAsset, with the known names
+        rid = request_id or new_request_id()
+        return await bus.guard(submit_workspace(bus, workspace, task, timeouts, rid))
 
     async def submit_task(self, task: EvalTask, *, request_id: str | None = None) -> str:
-        return await self.connection.submit(task.workspace, task.task_spec(), task.timeouts, request_id)
+        return await self.submit(task.workspace, task.task_spec(), task.timeouts, request_id=request_id)
+
+    async def submit_retrying(
+        self, workspace: Path, task: TaskSpec, timeouts: Timeouts | None = None, request_id: str | None = None,
+        *, attempts: int = 10, delay_s: float = 0.5,
+    ) -> int:
+        """``submit`` through failovers: every attempt uses the same request id, so a request whose
+        first attempt was accepted (its acknowledgement lost) is not submitted twice: the stream drops
+        the repeated ``Nats-Msg-Id``. Returns how many attempts it took; re-raises the last error."""
+        from shared.artifacts import WorkspaceTooLarge
+
+        rid = request_id or new_request_id()
+        for attempt in range(1, attempts + 1):
+            try:
+                await self.submit(workspace, task, timeouts, request_id=rid)
+                return attempt
+            except (FileNotFoundError, ValueError, WorkspaceTooLarge):
+                raise  # the request itself is wrong (UnsafePath, UnknownAsset, ...): no retry helps
+            except Exception:
+                if attempt == attempts:
+                    raise
+                await asyncio.sleep(min(delay_s * attempt, 5.0))
+        return attempts
 
     async def wait(
         self, request_id: str, *, timeout_s: float | None = None, on_progress: ProgressCallback | None = None
     ) -> Verdict:
-        """The verdict, once there is one (raises WaitTimeout after ``timeout_s``)."""
-        verdict = await self.connection.wait(request_id, on_progress=on_progress, timeout_s=timeout_s)
+        """The verdict, once there is one (raises WaitTimeout after ``timeout_s``); progress events go
+        to ``on_progress`` meanwhile."""
+        verdict = await self.bus.guard(wait_for(self.bus, request_id, on_progress, timeout_s, report=False))
         assert isinstance(verdict, Verdict)
         return verdict
+
+    async def wait_report(self, request_id: str, *, timeout_s: float | None = None) -> Report:
+        """The report (the verdict plus the hidden test split), once there is one."""
+        report = await self.bus.guard(wait_for(self.bus, request_id, None, timeout_s, report=True))
+        assert isinstance(report, Report)
+        return report
+
+    async def watch(self) -> AsyncIterator[Progress | Verdict]:
+        """Every progress event and every new verdict of every request, as they happen."""
+        async for item in watch_all(self.bus):
+            yield item
 
     async def aevaluate(
         self,
@@ -224,16 +304,37 @@ class Client:
         return rids
 
     async def get(self, request_id: str) -> Verdict | None:
-        verdict = await self.connection.get(request_id)
-        return verdict if isinstance(verdict, Verdict) else None
+        """The verdict, or None while there is none."""
+        return await self._last(self.bus.subjects.stream_verdicts, self.bus.subjects.verdict(request_id), Verdict)
 
     async def report(self, request_id: str) -> Report | None:
         """The verdict plus the hidden test split (dashboards and evaluation owners only)."""
-        report = await self.connection.get(request_id, report=True)
-        return report if isinstance(report, Report) else None
+        return await self._last(self.bus.subjects.stream_reports, self.bus.subjects.report(request_id), Report)
+
+    async def _last(self, stream: str, subject: str, kind: type[T]) -> T | None:
+        try:
+            raw = await self.bus.guard(self.bus.js.get_last_msg(stream, subject))
+        except NotFoundError:
+            return None
+        return codec.decode(raw.data or b"", kind)
 
     async def status(self, request_id: str) -> RequestStatusView | None:
-        return await self.connection.status(request_id)
+        """The request's public view; ``queued`` for one submitted whose view the aggregator has not
+        written yet; None for a request nobody submitted (or one forgotten after record_max_age_s)."""
+        bus = self.bus
+        kv = await bus.guard(bus.kv(bus.subjects.kv_status))
+        try:
+            entry = await bus.guard(kv.get(request_id))
+        except KeyNotFoundError:
+            entry = None
+        if entry is not None and entry.value:
+            return RequestStatusView.model_validate_json(entry.value)
+        store = await bus.guard(bus.submitter_artifacts())
+        try:
+            submitted = await bus.guard(store.stat(f"{request_id}/{SUBMITTED_MARKER}"))
+        except ValueError:  # not a request id that submit could have made (UnsafePath)
+            return None
+        return RequestStatusView(request_id=request_id, status="queued") if submitted is not None else None
 
     async def compare(self, first: str, second: str, *, level: float = 0.95) -> RequestComparison:
         """The paired comparison of two requests on their shared validation items (``first`` minus
@@ -243,10 +344,12 @@ class Client:
         ``Client().run(lambda c: c.compare(a, b))``."""
         from ftbus.compare import compare_requests
 
-        return await compare_requests(self.connection, first, second, level=level)
+        return await compare_requests(self, first, second, level=level)
 
     async def cancel(self, request_id: str, reason: str = "cancelled by user") -> None:
-        await self.connection.cancel(request_id, reason)
+        event = CancelRequested(request_id=request_id, reason=reason)
+        await self.bus.guard(self.bus.publish(self.bus.subjects.cancel, event,
+                                              msg_id(request_id, "control", "cancel")))
 
     async def campaign(self, name: str) -> CampaignRecord | None:
         """A campaign as the judge keeps it (None: no candidate of it was judged yet): its incumbent
@@ -254,17 +357,18 @@ class Client:
         (``.incumbents``), every judged candidate with its comparison (``.history``) and the online
         procedure's state (``.state``: tests made, the next level). Blocking:
         ``Client().run(lambda c: c.campaign(name))``."""
-        return await self.connection.campaign(name)
+        if not re.fullmatch(CAMPAIGN_NAME, name):
+            raise ValueError(f"{name!r}: {CAMPAIGN_NAME_RULE}")
+        return await self.bus.guard(CampaignStore(self.bus).get(name))
 
     async def requests(self, status: RequestStatus | Iterable[str] | None = None) -> list[RequestStatusView]:
         """Every request the server remembers (the public status views), oldest first; ``status``
         keeps those in that status (or any of several)."""
         wanted = {status} if isinstance(status, str) else (set(status) if status is not None else None)
-        conn = self.connection
         views: list[RequestStatusView] = []
         # One pass over the bucket's latest values: a read per key took a round trip each (5,000
         # requests: bench/ls_cost.py).
-        for change in await latest(conn.bus.js, conn.s.kv_status):
+        for change in await latest(self.bus.js, self.bus.subjects.kv_status):
             if change.value:
                 try:
                     view = RequestStatusView.model_validate_json(change.value)
@@ -281,7 +385,7 @@ class Client:
         exist (yet): stages upload their log when they finish."""
         if stage not in LOG_FILES:
             raise ValueError(f"unknown log {stage!r}: one of {', '.join(LOG_FILES)}")
-        store = await self.connection.bus.artifacts()
+        store = await self.bus.artifacts()
         ref = await store.stat(f"{request_id}/logs/{LOG_FILES[stage]}")
         if ref is None:
             return None
@@ -304,7 +408,7 @@ class Client:
         merges an adapter into its base model with peft (in ``python``, default the toolchain's)."""
         from ftbus.pull import pull
 
-        return await pull(self.connection, request_id, Path(to) if to is not None else Path(request_id), what=what,
+        return await pull(self, request_id, Path(to) if to is not None else Path(request_id), what=what,
                           base_model=Path(base_model) if base_model is not None else None, python=python,
                           on_progress=on_progress)
 
@@ -315,41 +419,14 @@ class Client:
         stage has uploaded it. Ends after the log, or when the request ends without one."""
         if stage not in LOG_FILES:
             raise ValueError(f"unknown log {stage!r}: one of {', '.join(LOG_FILES)}")
-        conn = self.connection
-        queue: asyncio.Queue[Progress] = asyncio.Queue()
-        pipeline_stage = LOG_STAGE[stage]
 
-        def _on_progress(progress: Progress) -> None:
-            if progress.stage == pipeline_stage:
-                queue.put_nowait(progress)
+        async def _ended() -> bool:
+            view = await self.status(request_id)
+            return view is not None and view.status in TERMINAL
 
-        from shared import codec
-
-        async def _push(msg: Any) -> None:
-            with contextlib.suppress(codec.CodecError):
-                _on_progress(codec.decode(msg.data, Progress))
-
-        sub = await conn.bus.nc.subscribe(conn.s.progress(request_id), cb=_push)
-        try:
-            while True:
-                while not queue.empty():
-                    yield queue.get_nowait()
-                text = await self.log(request_id, stage)
-                if text is not None:
-                    yield text
-                    return
-                view = await self.status(request_id)
-                if view is not None and view.status in TERMINAL:
-                    # A last look: the log may have landed just before the verdict.
-                    text = await self.log(request_id, stage)
-                    if text is not None:
-                        yield text
-                    return
-                with contextlib.suppress(TimeoutError):
-                    yield await asyncio.wait_for(queue.get(), timeout=poll_s)
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        async for item in follow_stage(self.bus, request_id, LOG_STAGE[stage], lambda: self.log(request_id, stage),
+                                       _ended, poll_s):
+            yield item
 
     # ------------------------------------------------------------------ blocking calls
 

@@ -19,7 +19,7 @@ from shared.paired import BOOTSTRAP_SEED, DEFAULT_LEVEL, compare_scores
 from shared.statistics import PairedComparison
 
 if TYPE_CHECKING:
-    from ftbus.bus_client import FtbusClient
+    from ftbus.client import Client
     from shared.events import BenchmarkScores, Verdict
     from shared.records import RequestStatusView
 
@@ -118,7 +118,7 @@ def describe_details(result: RequestComparison) -> str:
             f"over {p.items} shared items, {runs} per item; {test}")
 
 
-async def compare_requests(client: FtbusClient, first: str, second: str, *, level: float = DEFAULT_LEVEL,
+async def compare_requests(client: Client, first: str, second: str, *, level: float = DEFAULT_LEVEL,
                            seed: int = BOOTSTRAP_SEED) -> RequestComparison:
     """Read both verdicts (never a report) and status views, and compare them."""
     sides = [(rid, await client.get(rid), await client.status(rid)) for rid in (first, second)]

@@ -162,7 +162,7 @@ class Topology:
 
 # Connection names, so inbox prefixes (`_INBOX.<name>`): fixed, whatever the subject prefix.
 WAIT_TOPOLOGY = "ftbus-wait-topology"  # deploy/k8s init container (python -m ftbus.topology wait)
-CLIENT = "ftbus-client"  # the ftbus CLI and FtbusClient (settings.client_name's default)
+CLIENT = "ftbus-client"  # the ftbus CLI and Client (settings.client_name's default)
 DASHBOARD = "dashboard"  # dashboards (FTBUS_CLIENT_NAME=dashboard)
 
 

@@ -160,7 +160,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
 
     agent = User(
         "agent",
-        "A user or fine-tuning agent, with the `ftbus` CLI or FtbusClient (connection `ftbus-client`):\n"
+        "A user or fine-tuning agent, with the `ftbus` CLI or Client (connection `ftbus-client`):\n"
         "`ftbus submit` (upload the workspace, publish the request), `ftbus submit --wait` / `ftbus\n"
         "get` / `ftbus watch` (verdicts, progress), `ftbus status` (the public view), `ftbus cancel`,\n"
         f"`ftbus pull` (the trained outputs, from {models}: the one store it reads), `ftbus campaign\n"
@@ -202,7 +202,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
             ],
         ),
         Rules(
-            allow=[("the CLI's / FtbusClient's replies; live progress (`--wait`, `watch`)",
+            allow=[("the CLI's / Client's replies; live progress (`--wait`, `watch`)",
                     [t.inboxes(CLIENT), s.progress()])],
             deny=[t.subscribe_deny()],
         ),

@@ -24,13 +24,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from ftbus.bus_client import FtbusClient
 from shared.artifacts import ArtifactCorrupt, ArtifactMissing, ArtifactStore
 from shared.events import WorkspaceFile
 from shared.paths import UnsafePath, safe_join
 from shared.retention import EXPIRED_MARKER, ExpiredMarker
+
+if TYPE_CHECKING:
+    from ftbus.client import Client
 
 What = Literal["adapter", "merged"]
 OUTPUT_PREFIX = "output/"
@@ -170,7 +172,7 @@ async def _merge(adapter_dir: Path, base: Path, out_dir: Path, python: str) -> N
 
 
 async def pull(
-    conn: FtbusClient,
+    conn: Client,
     request_id: str,
     to: Path,
     *,

@@ -153,8 +153,7 @@ class FtbusRunnerEvaluator(CoSTEEREvaluator):
         reader = Client(settings=settings.model_copy(
             update={"nats_url": settings.report_nats_url, "client_name": settings.report_client_name}))
         async with reader:
-            report = await reader.connection.wait(request_id, report=True, timeout_s=self.report_timeout_s)
-        return report if isinstance(report, Report) else None
+            return await reader.wait_report(request_id, timeout_s=self.report_timeout_s)
 
 
 class FtbusFinetuneRunner(LLMFinetuneRunner):

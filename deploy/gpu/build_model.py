@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def _assets_module():
     # The tiny model's builder (seed, output-layer scale), loaded by path: it is a standalone script.
     path = ROOT / "ftbus" / "toolchain" / "build_assets.py"
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # as when run as a script: beside it, its items (asset_items.py)
     spec = importlib.util.spec_from_file_location("ftbus_build_assets", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -29,7 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from ftbus.dashboard import views
+from ftbus.dashboard import leaderboard, views
 from ftbus.dashboard.state import DashboardState
 from shared import metrics
 from shared.events import CAMPAIGN_NAME, RequestId
@@ -115,7 +115,7 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
     async def boards() -> list[dict[str, Any]]:
         # In a thread: the first paired comparisons of a large board take a while (then they are cached),
         # and the other pages and the event stream must not wait for them.
-        return await asyncio.to_thread(views.leaderboard, list(state.records.values()))
+        return await asyncio.to_thread(leaderboard.leaderboard, list(state.records.values()))
 
     async def api_leaderboard(request: Request) -> Response:
         return JSONResponse({"boards": await boards()})
@@ -126,7 +126,7 @@ def build_app(state: DashboardState, closing: asyncio.Event | None = None) -> St
                         headers={"Content-Disposition": 'attachment; filename="ftbus-leaderboard.json"'})
 
     async def leaderboard_csv(request: Request) -> Response:
-        body = views.leaderboard_csv(await boards())
+        body = leaderboard.leaderboard_csv(await boards())
         return Response(body, media_type="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="ftbus-leaderboard.csv"'})
 

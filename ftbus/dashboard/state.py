@@ -25,6 +25,7 @@ import nats.errors
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from ftbus.dashboard import views
+from ftbus.dashboard.views import STAGE_ORDER
 from shared import codec, metrics
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
@@ -244,7 +245,7 @@ class DashboardState:
         assert self.bus is not None
         s = self.bus.subjects
         stats: list[views.StageStats] = []
-        for stage in Stage:
+        for stage in STAGE_ORDER:
             durable = s.durable(stage)
             try:
                 info = await self.bus.js.consumer_info(s.stream_events, durable, timeout=5)

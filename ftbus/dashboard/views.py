@@ -6,13 +6,12 @@ serialises what they return. Every number on a page comes from one of these.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ftbus.stages import LABELS
 from shared.campaigns import CampaignRecord
 from shared.events import (
     BenchmarkScores,
@@ -24,14 +23,11 @@ from shared.events import (
     Verdict,
     VerdictResult,
 )
-from shared.paired import compare_scores
-from shared.power import effective_items
 from shared.records import RequestRecord
-from shared.retention import rank_key
-from shared.statistics import PairedComparison, holm, score_interval
+from shared.statistics import PairedComparison
 
-# The order of the stage cards and of the timeline.
-STAGE_ORDER: tuple[str, ...] = tuple(stage for stage in Stage)
+# The order of the stage cards and of the timeline: the pipeline's (ftbus/stages.py).
+STAGE_ORDER: tuple[str, ...] = tuple(LABELS)
 
 # Logs a request may have, and which store holds them ("private" = the hidden test split's store).
 LOG_FILES: tuple[tuple[str, str], ...] = (
@@ -60,6 +56,11 @@ class StageStats:
     error: str | None = None
 
     @property
+    def label(self) -> str:
+        """The stage's name on the page: the pipeline table's label."""
+        return LABELS.get(self.stage, self.stage)
+
+    @property
     def workers(self) -> int:
         """Worker loops bound to the consumer: the idle ones wait in a pull request, the busy ones
         hold an unacked message. (A pull consumer has no subscription the server could count.)"""
@@ -68,6 +69,7 @@ class StageStats:
     def to_json(self) -> dict[str, Any]:
         return {
             "stage": self.stage,
+            "label": self.label,
             "consumer": self.consumer,
             "pending": self.pending,
             "in_flight": self.in_flight,
@@ -110,7 +112,7 @@ def hidden_test_scores(record: RequestRecord, report: Report | None = None) -> B
     return record.benchmark_test
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
@@ -134,7 +136,7 @@ def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
         "loss": progress.loss,
         "eta_s": progress.eta_s,
         "message": progress.message,
-        "at": _iso(progress.emitted_at),
+        "at": iso(progress.emitted_at),
     }
 
 
@@ -157,8 +159,8 @@ def request_row(record: RequestRecord, seen: Progress | None = None) -> dict[str
         "status": record.status,
         "stage": record.stage,
         **_task_fields(record),
-        "submitted_at": _iso(record.submitted_at),
-        "updated_at": _iso(record.updated_at),
+        "submitted_at": iso(record.submitted_at),
+        "updated_at": iso(record.updated_at),
         "final_decision": record.final_decision,
         "failed_stage": record.failed_stage,
         "progress": _progress_json(latest_progress(record, seen)),
@@ -166,7 +168,7 @@ def request_row(record: RequestRecord, seen: Progress | None = None) -> dict[str
 
 
 def _submitted_key(record: RequestRecord) -> tuple[str, str]:
-    return (_iso(record.submitted_at) or _iso(record.updated_at) or "", record.request_id)
+    return (iso(record.submitted_at) or iso(record.updated_at) or "", record.request_id)
 
 
 def overview(
@@ -250,8 +252,8 @@ def timeline(record: RequestRecord) -> list[dict[str, Any]]:
         rows.append({
             "stage": name,
             "attempts": t.attempts,
-            "started_at": _iso(t.started_at),
-            "finished_at": _iso(t.finished_at),
+            "started_at": iso(t.started_at),
+            "finished_at": iso(t.finished_at),
             "duration_s": t.duration_s,
             "elapsed_s": t.duration_s if t.duration_s is not None else running_s,
             "offset_s": offset,
@@ -292,12 +294,12 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
         "difference": comparison.difference if comparison else None,
         "rows": _score_rows(bench, comparison.baseline if comparison else None),
         # The paired comparison with the base model on the same items, and its words (or why there is none).
-        "paired": _paired_json(comparison.paired) if comparison and comparison.paired else None,
+        "paired": paired_json(comparison.paired) if comparison and comparison.paired else None,
         "summary": comparison.summary if comparison else None,
     }
 
 
-def _paired_json(paired: PairedComparison) -> dict[str, Any]:
+def paired_json(paired: PairedComparison) -> dict[str, Any]:
     return {**paired.model_dump(mode="json"), "direction": paired.direction, "method": paired.method}
 
 
@@ -351,8 +353,8 @@ def request_detail(
         "status": record.status,
         "stage": record.stage,
         **_task_fields(record),
-        "submitted_at": _iso(record.submitted_at),
-        "updated_at": _iso(record.updated_at),
+        "submitted_at": iso(record.submitted_at),
+        "updated_at": iso(record.updated_at),
         "final_decision": record.final_decision,
         "failed_stage": record.failed_stage,
         "cancel_requested": record.cancel_requested,
@@ -384,14 +386,14 @@ def _campaign_check_json(check: CampaignCheck | None) -> dict[str, Any] | None:
         return None
     return {"campaign": check.campaign, "index": check.index, "level": check.level, "incumbent": check.incumbent,
             "better": check.better, "accepted": check.accepted, "summary": check.summary,
-            "paired": _paired_json(check.paired) if check.paired else None}
+            "paired": paired_json(check.paired) if check.paired else None}
 
 
 def campaign_rows(campaigns: Iterable[CampaignRecord]) -> list[dict[str, Any]]:
     """The campaigns page: one row per campaign, the most recently judged first."""
     rows = [{"name": c.name, "benchmark": c.benchmark, "base_model": c.base_model, "incumbent": c.incumbent,
              "incumbents": len(c.incumbents), "judged": len(c.history), "tested": c.state.tests,
-             "next_level": c.state.next_level(), "created_at": _iso(c.created_at), "updated_at": _iso(c.updated_at)}
+             "next_level": c.state.next_level(), "created_at": iso(c.created_at), "updated_at": iso(c.updated_at)}
             for c in campaigns]
     return sorted(rows, key=lambda r: (r["updated_at"] or "", r["name"]), reverse=True)
 
@@ -403,168 +405,10 @@ def campaign_detail(campaign: CampaignRecord) -> dict[str, Any]:
         **campaign_rows([campaign])[0],
         "procedure": campaign.procedure,
         "alpha": campaign.state.alpha,
-        "incumbent_history": [{"request_id": e.request_id, "judged_at": _iso(e.judged_at), "index": e.index}
+        "incumbent_history": [{"request_id": e.request_id, "judged_at": iso(e.judged_at), "index": e.index}
                               for e in campaign.incumbents],
-        "history": [{"request_id": e.request_id, "judged_at": _iso(e.judged_at), "index": e.index,
+        "history": [{"request_id": e.request_id, "judged_at": iso(e.judged_at), "index": e.index,
                      "level": e.level, "incumbent": e.incumbent, "better": e.better, "accepted": e.accepted,
-                     "summary": e.summary, "paired": _paired_json(e.paired) if e.paired else None}
+                     "summary": e.summary, "paired": paired_json(e.paired) if e.paired else None}
                     for e in campaign.history],
     }
-
-
-# ---------------------------------------------------------------------- leaderboard
-
-LEADERBOARD_COLUMNS = (
-    "base_model", "benchmark", "rank", "request_id", "primary_metric", "validation", "ci_low", "ci_high",
-    "standing", "tie_basis", "vs_leader_difference", "vs_leader_ci_low", "vs_leader_ci_high", "vs_leader_p_value",
-    "vs_leader_level", "vs_leader_items", "baseline", "difference", "test", "train_s", "final_decision", "status",
-    "submitted_at",
-)
-#: The level of every interval on the leaderboard, and the family-wise level of its standings.
-LEADERBOARD_LEVEL = 0.95
-# Paired comparisons with a leader, by (request, leader, level): both verdicts are final, so the result is too.
-_PAIRED_CACHE: dict[tuple[str, str, float], tuple[PairedComparison | None, str]] = {}
-_PAIRED_CACHE_MAX = 4096
-
-
-def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
-    """The headline's own 95% interval (``overall``: every subset weighing the same, as in
-    ``primary_value``): Wilson's score interval on the estimand's effective items, which is never a
-    point (16 of 16 right gives [0.81, 1.00], where mean +- 1.96 standard errors gave [1.00, 1.00]).
-    None without ``overall`` or with fewer than two items."""
-    overall = scores.overall
-    if overall is None or overall.items < 2:
-        return None
-    sizes = [stats.items for stats in scores.run_stats.values()] or [overall.items]
-    return score_interval(overall.mean, effective_items(sizes), LEADERBOARD_LEVEL)
-
-
-def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_scores: BenchmarkScores,
-                        final: bool, level: float = LEADERBOARD_LEVEL) -> tuple[PairedComparison | None, str]:
-    key = (rid, leader, level)
-    hit = _PAIRED_CACHE.get(key)  # one lookup: the dashboard computes boards in threads
-    if hit is not None:
-        return hit
-    result = compare_scores(scores, leader_scores, level=level, other_name="the leader")
-    if final:
-        if len(_PAIRED_CACHE) >= _PAIRED_CACHE_MAX:
-            _PAIRED_CACHE.clear()
-        _PAIRED_CACHE[key] = result
-    return result
-
-
-def _mark_ties(rows: list[dict[str, Any]], scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> None:
-    """Each row's standing against the board's leader (its first row), by the paired comparison on their
-    shared items: ``tied`` when the two cannot be told apart, ``behind`` (or, rarely, ``ahead``) beyond
-    noise, None when they cannot be paired (no per-item outcomes, other items: nothing to tell it by).
-
-    The leader is the best of several noisy scores, so the comparisons with it are one family: Holm's
-    correction keeps the chance of calling any tied row distinguishable at 1 - LEADERBOARD_LEVEL. Each
-    row's interval is at the level Holm tested it at (``vs_leader.level``), so it excludes 0 exactly
-    when the row is called distinguishable."""
-    leader = rows[0]
-    leader["standing"], leader["tie_basis"], leader["vs_leader"], leader["vs_leader_note"] = "leader", None, None, None
-    lid = leader["request_id"]
-    first: dict[str, tuple[PairedComparison | None, str]] = {}
-    for row in rows[1:]:
-        rid = row["request_id"]
-        first[rid] = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
-    family = [rid for rid, (paired, _) in first.items() if paired is not None]
-    _, levels = holm([p.p_value for rid in family if (p := first[rid][0]) is not None], 1.0 - LEADERBOARD_LEVEL)
-    tested_at = dict(zip(family, levels, strict=True))
-    for row in rows[1:]:
-        rid = row["request_id"]
-        paired, words = first[rid]
-        row["vs_leader"], row["vs_leader_note"] = None, None
-        if paired is None:
-            row["standing"], row["tie_basis"], row["vs_leader_note"] = None, None, words
-            continue
-        paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid],
-                                            level=1.0 - tested_at[rid])
-        assert paired is not None  # the same two sides paired at 95% pair at any level
-        row["vs_leader"] = {**_paired_json(paired), "summary": words, "comparisons": len(family)}
-        row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
-        row["tie_basis"] = "paired"
-
-
-def leaderboard(records: Iterable[RequestRecord]) -> list[dict[str, Any]]:
-    """One board per (base model, benchmark): candidates with a validation score, best first, each with
-    its interval and its standing against the leader (``_mark_ties``)."""
-    boards: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    scores: dict[str, BenchmarkScores] = {}
-    final: dict[str, bool] = {}
-    better: dict[tuple[str, str], bool] = {}
-    metric: dict[tuple[str, str], str | None] = {}
-    scorer: dict[tuple[str, str], str | None] = {}
-    protocol: dict[tuple[str, str], str] = {}
-    for record in records:
-        result = verdict_result(record)
-        if record.task is None or result is None or result.benchmark is None:
-            continue
-        value = result.benchmark.primary_value
-        if value is None:
-            continue
-        key = (record.task.base_model, record.task.benchmark)
-        comparison = result.baseline
-        test = hidden_test_scores(record)
-        train = record.stages.get(Stage.train.value)
-        better[key] = result.benchmark.higher_is_better
-        metric[key] = result.benchmark.primary_metric
-        scorer[key] = result.benchmark.scorer
-        protocol[key] = result.benchmark.protocol
-        scores[record.request_id], final[record.request_id] = result.benchmark, record.terminal
-        interval = _own_interval(result.benchmark)
-        boards.setdefault(key, []).append({
-            "request_id": record.request_id,
-            "validation": value,
-            "interval": list(interval) if interval else None,
-            "baseline": comparison.baseline_value if comparison else None,
-            "difference": comparison.difference if comparison else None,
-            "test": test.primary_value if test else None,
-            "train_s": train.duration_s if train else None,
-            "final_decision": record.final_decision,
-            "status": record.status,
-            "submitted_at": _iso(record.submitted_at),
-        })
-    out = []
-    for key in sorted(boards):
-        # The retention sweep keeps the outputs of each board's first row by the same rule.
-        rows = sorted(boards[key], key=lambda r, up=better[key]: rank_key(r["validation"], up, r["submitted_at"] or "",
-                                                                          r["request_id"]))
-        for rank, row in enumerate(rows, 1):
-            row["rank"] = rank
-        _mark_ties(rows, scores, final)
-        out.append({
-            "base_model": key[0],
-            "benchmark": key[1],
-            "primary_metric": metric[key],
-            "scorer": scorer[key],
-            "protocol": protocol[key],
-            "higher_is_better": better[key],
-            "rows": rows,
-        })
-    return out
-
-
-def leaderboard_csv(boards: list[dict[str, Any]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=LEADERBOARD_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for board in boards:
-        for row in board["rows"]:
-            writer.writerow({
-                "base_model": board["base_model"],
-                "benchmark": board["benchmark"],
-                "primary_metric": board["primary_metric"],
-                **{k: ("" if v is None else v) for k, v in _flat_row(row).items() if k in LEADERBOARD_COLUMNS},
-            })
-    return buffer.getvalue()
-
-
-def _flat_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A leaderboard row with its intervals as plain columns, for the CSV."""
-    interval, paired = row.get("interval"), row.get("vs_leader")
-    flat = {**row, "ci_low": interval[0] if interval else None, "ci_high": interval[1] if interval else None}
-    for name in ("difference", "ci_low", "ci_high", "p_value", "level", "items"):
-        flat[f"vs_leader_{name}"] = paired[name] if paired else None
-    return flat

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import random
 import shutil
 import sys
 import tempfile
@@ -37,8 +36,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+if __package__:  # imported: ftbus.toolchain.build_assets (tests, deploy/gpu)
+    from ftbus.toolchain import asset_items
+else:  # run as a script by the toolchain's interpreter (no ftbus installed): its folder is on sys.path
+    import asset_items  # type: ignore[no-redef]
+
 STAMP = ".ftbus-asset.json"
-SEED = 20261130
 
 # LlamaFactory's `default` template (llamafactory/data/template.py, 0.9.5), as its own
 # Template._get_jinja_template renders it: the model then chats the way `template: default` trains
@@ -89,7 +92,9 @@ min(max_items, n//2) items of each subset, the hidden test split the last min(ma
 
 
 def _script_hash() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    """This script's and its items' (asset_items.py): either changing rebuilds the assets."""
+    here = Path(__file__).resolve()
+    return hashlib.sha256(here.read_bytes() + (here.parent / "asset_items.py").read_bytes()).hexdigest()
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -131,223 +136,6 @@ def _build(dest: Path, builder: Callable[[Path], None], force: bool) -> bool:
     return True
 
 
-# ------------------------------------------------------------------ synthetic items
-
-
-def _arith_item(rng: random.Random, op: str) -> tuple[str, str]:
-    a, b = rng.randint(0, 99), rng.randint(0, 99)
-    if op == "+":
-        return f"What is {a} + {b}?", str(a + b)
-    a, b = max(a, b), min(a, b)  # keep answers non-negative: fewer tokens, easier to learn
-    return f"What is {a} - {b}?", str(a - b)
-
-
-def _unique_items(rng: random.Random, make: Callable[[], tuple[str, str]], n: int,
-                  exclude: set[str]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    seen = set(exclude)
-    while len(out) < n:
-        q, a = make()
-        if q not in seen:
-            seen.add(q)
-            out.append((q, a))
-    return out
-
-
-def benchmark_items() -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """benchmark -> subset -> items. Fixed seed: the same items on every machine."""
-    rng = random.Random(SEED)
-    arith = {
-        "addition": _unique_items(rng, lambda: _arith_item(rng, "+"), 40, set()),
-        "subtraction": _unique_items(rng, lambda: _arith_item(rng, "-"), 40, set()),
-    }
-    tiny_arith = {
-        subset: [{"id": f"{subset[:3]}-{i:03d}", "question": q, "answer": a} for i, (q, a) in enumerate(items)]
-        for subset, items in arith.items()
-    }
-
-    def mc_sum() -> dict[str, Any]:
-        a, b = rng.randint(0, 49), rng.randint(0, 49)
-        right = a + b
-        wrong = sorted({right + d for d in (-10, -1, 1, 10) if right + d >= 0})
-        choices = [str(right), *(str(w) for w in rng.sample(wrong, 3))]
-        rng.shuffle(choices)
-        return {"question": f"What is {a} + {b}?", "choices": choices, "answer": str(right)}
-
-    def mc_parity() -> dict[str, Any]:
-        n = rng.randint(0, 999)
-        return {"question": f"Is {n} even or odd?", "choices": ["even", "odd"],
-                "answer": "even" if n % 2 == 0 else "odd"}
-
-    mc: dict[str, list[dict[str, Any]]] = {}
-    for subset, make in (("sum_choice", mc_sum), ("parity", mc_parity)):
-        seen: set[str] = set()
-        rows: list[dict[str, Any]] = []
-        while len(rows) < 40:
-            item = make()
-            if item["question"] not in seen:
-                seen.add(item["question"])
-                rows.append({"id": f"{subset}-{len(rows):03d}", **item})
-        mc[subset] = rows
-    return {"tiny-arith": tiny_arith, "tiny-arith-mc": mc}
-
-
-def dataset_records(exclude_questions: set[str], n: int = 400) -> list[dict[str, str]]:
-    """Training records; benchmark questions are excluded so the benchmark measures generalisation."""
-    rng = random.Random(SEED + 1)
-    rows: list[dict[str, str]] = []
-    seen = set(exclude_questions)
-    kinds = ["addition", "subtraction", "parity", "successor"]
-    while len(rows) < n:
-        kind = kinds[len(rows) % len(kinds)]
-        if kind == "addition":
-            q, a = _arith_item(rng, "+")
-        elif kind == "subtraction":
-            q, a = _arith_item(rng, "-")
-        elif kind == "parity":
-            k = rng.randint(0, 999)
-            q, a = f"Is {k} even or odd?", "even" if k % 2 == 0 else "odd"
-        else:
-            k = rng.randint(0, 998)
-            q, a = f"What number comes after {k}?", str(k + 1)
-        if q in seen:
-            continue
-        seen.add(q)
-        rows.append({"id": f"qa-{len(rows):04d}", "kind": kind, "question": q, "answer": a})
-    return rows
-
-
-# ------------------------------------------------------------------ reviews (the demo's task)
-#
-# The random tiny model cannot answer arithmetic after a minute of CPU training, so both it and any
-# candidate score 0 on tiny-arith. Sentiment of a short review is what such a model *can* learn in a
-# minute: the answer is one of two words (the untrained model never produces either), and the label
-# follows from the review's adjectives, whose combinations in the benchmark never occur in training.
-
-POSITIVE = ["delicious", "wonderful", "excellent", "lovely", "superb", "tasty", "friendly", "brilliant",
-            "delightful", "fantastic", "charming", "perfect", "pleasant", "amazing", "marvellous", "great"]
-NEGATIVE = ["awful", "terrible", "horrible", "dreadful", "bland", "rude", "boring", "disgusting",
-            "stale", "nasty", "dull", "soggy", "miserable", "poor", "lousy", "tedious"]
-REVIEW_TEMPLATES = {
-    "food": ["The {noun} was {a} and the staff were {b}.", "What a {a} {noun}, and such {b} service.",
-             "Our {noun} tasted {a}; the waiter was {b}."],
-    "films": ["The {noun} was {a} and the ending {b}.", "A {a} {noun} with {b} acting.",
-              "This {noun} felt {a}, the music {b}."],
-}
-REVIEW_NOUNS = {
-    "food": ["soup", "pizza", "curry", "salad", "burger", "pasta", "dessert", "breakfast", "lunch", "dinner"],
-    "films": ["film", "movie", "thriller", "comedy", "drama", "western", "cartoon", "sequel", "musical", "story"],
-}
-REVIEW_QUESTION = "Review: {text} Is this review positive or negative?"
-
-
-def _review(rng: random.Random, domain: str) -> tuple[str, str]:
-    label = rng.choice(["positive", "negative"])
-    words = POSITIVE if label == "positive" else NEGATIVE
-    a, b = rng.sample(words, 2)
-    text = rng.choice(REVIEW_TEMPLATES[domain]).format(noun=rng.choice(REVIEW_NOUNS[domain]), a=a, b=b)
-    return REVIEW_QUESTION.format(text=text), label
-
-
-def sentiment_items() -> dict[str, list[dict[str, Any]]]:
-    """The tiny-sentiment benchmark: subset -> items, 40 per subset (20 validation, 20 test)."""
-    rng = random.Random(SEED + 2)
-    return {
-        domain: [{"id": f"{domain}-{i:03d}", "question": q, "answer": a}
-                 for i, (q, a) in enumerate(_unique_items(rng, lambda d=domain: _review(rng, d), 40, set()))]
-        for domain in REVIEW_TEMPLATES
-    }
-
-
-def review_records(exclude_questions: set[str], n: int = 600) -> list[dict[str, str]]:
-    """Training reviews for tiny-reviews; benchmark questions are excluded."""
-    rng = random.Random(SEED + 3)
-    rows: list[dict[str, str]] = []
-    seen = set(exclude_questions)
-    domains = list(REVIEW_TEMPLATES)
-    while len(rows) < n:
-        domain = domains[len(rows) % len(domains)]
-        q, a = _review(rng, domain)
-        if q in seen:
-            continue
-        seen.add(q)
-        rows.append({"id": f"rv-{len(rows):04d}", "kind": "sentiment", "domain": domain, "question": q, "answer": a})
-    return rows
-
-
-# ------------------------------------------------------------------ grade-school arithmetic, in GSM8K's format
-#
-# The gsm8k-synth benchmark and the grade-school-arith dataset come from one generator, in GSM8K's
-# own schema (`question`, and an `answer` that works the problem out and ends in `#### <number>`),
-# scored by the real GSM8K scorer. What a tiny model can learn in a minute is reading a number
-# written as a word: each problem names a quantity in words ("seven apples") that the story leaves
-# unchanged, and the answer restates it in digits. The benchmark's questions (names, objects,
-# stories) never occur in the training data. Measured (2 CPU cores): a full fine-tune of tiny-llama,
-# 300 steps of 8 (examples/gsm8k, ~50 s), takes strict match from 0 to 0.90 on the validation half
-# and 0.95 on all 40; LoRA (rank 8, which leaves embeddings and output layer alone) gets ~0.2.
-
-NUMBER_WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-ARITH_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Kira", "Liam",
-               "Maya", "Noah", "Olga", "Pablo", "Quinn", "Rosa", "Sam", "Tara"]
-ARITH_OBJECTS = ["apples", "pencils", "marbles", "stickers", "books", "cookies", "shells", "stamps", "coins",
-                 "cards", "balloons", "buttons"]
-ARITH_STORIES = [
-    ("{name} has {word} {obj} and gives none of them away. How many {obj} does {name} have now?",
-     "{name} gave none away, so {name} still has {n} {obj}."),
-    ("{name} buys {word} {obj}. Later {name} loses zero {obj}. How many {obj} are left?",
-     "Nothing was lost, so {n} {obj} are left."),
-    ("There are {word} {obj} in {name}'s bag, and nobody takes any. How many {obj} are in the bag?",
-     "Nobody took any, so the bag holds {n} {obj}."),
-]
-
-
-def _arith_problem(rng: random.Random, names: list[str], objects: list[str]) -> dict[str, str]:
-    n = rng.randint(1, len(NUMBER_WORDS))
-    question, working = rng.choice(ARITH_STORIES)
-    name, obj = rng.choice(names), rng.choice(objects)
-    values = {"name": name, "obj": obj, "word": NUMBER_WORDS[n - 1], "n": n}
-    return {"question": question.format(**values), "answer": f"{working.format(**values)}\n#### {n}"}
-
-
-def grade_school_items() -> tuple[dict[str, list[dict[str, str]]], list[dict[str, str]]]:
-    """The gsm8k-synth benchmark (40 items: 20 validation, 20 test) and 600 training records; the
-    benchmark's names and objects are held out of the training records, so no question repeats."""
-    rng = random.Random(SEED + 4)
-    held_names, held_objects = ARITH_NAMES[:5], ARITH_OBJECTS[:3]
-    train_names, train_objects = ARITH_NAMES[5:], ARITH_OBJECTS[3:]
-    bench = [{"id": f"gs-{i:03d}", **p}
-             for i, p in enumerate(_unique(rng, lambda: _arith_problem(rng, held_names, held_objects), 40))]
-    train = [{"id": f"ga-{i:04d}", **p}
-             for i, p in enumerate(_unique(rng, lambda: _arith_problem(rng, train_names, train_objects), 600))]
-    return {"word_numbers": bench}, train
-
-
-def _unique(rng: random.Random, make: Callable[[], dict[str, str]], n: int) -> list[dict[str, str]]:
-    seen: set[str] = set()
-    out = []
-    while len(out) < n:
-        problem = make()
-        if problem["question"] not in seen:
-            seen.add(problem["question"])
-            out.append(problem)
-    return out
-
-
-GRADE_SCHOOL_README = (
-    "# grade-school-arith\n\nSynthetic grade-school word problems in GSM8K's own format, one JSON object a line in\n"
-    "`raw.jsonl`: `{id, question, answer}`, the answer worked out and ending in `#### <number>`. The\n"
-    "gsm8k-synth benchmark comes from the same generator, with names and objects held out of these\n"
-    "records. Built by ftbus/toolchain/build_assets.py.\n"
-)
-GSM8K_SYNTH = {
-    "name": "gsm8k-synth", "version": 1,
-    "description": "Synthetic grade-school word problems in GSM8K's format, scored by the GSM8K scorer.",
-    "source": "synthetic (ftbus/toolchain/build_assets.py), GSM8K's schema",
-    "kind": "generate_until", "scorer": "gsm8k", "primary_metric": "strict_match", "higher_is_better": True,
-    "prompt": "Question: {{question}}\nAnswer:",
-    "generation": {"max_gen_toks": 48, "until": ["Question:", "\n\n"]},
-    "subsets": [{"name": "word_numbers", "file": "word_numbers.jsonl"}],
-}
 #: The tiny model is evaluated greedily: its scores are the same run to run (docs/benchmarks.md).
 TINY_INFERENCE = "# Sampling of this model in benchmarks (evaluation/inference.py).\ngreedy: true\n"
 
@@ -356,7 +144,7 @@ def build_gsm8k_synth(dest: Path, subsets: dict[str, list[dict[str, str]]]) -> N
     import yaml
 
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "benchmark.yaml").write_text(yaml.safe_dump(GSM8K_SYNTH, sort_keys=False, allow_unicode=True))
+    (dest / "benchmark.yaml").write_text(yaml.safe_dump(asset_items.GSM8K_SYNTH, sort_keys=False, allow_unicode=True))
     for subset, items in subsets.items():
         _write_jsonl(dest / f"{subset}.jsonl", items)
 
@@ -399,7 +187,7 @@ def save_llama(tokenizer: Any, dest: Path, *, hidden: int = 64, heads: int = 4, 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(asset_items.SEED)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
@@ -471,11 +259,11 @@ def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any
 def build_all(assets: Path, force: bool = False) -> list[str]:
     """Build every asset under ``assets``; return a line per asset saying built or up to date."""
     report: list[str] = []
-    benches = benchmark_items()
+    benches = asset_items.benchmark_items()
     bench_questions = {i["question"] for subsets in benches.values() for items in subsets.values() for i in items}
-    records = dataset_records(bench_questions)
-    sentiment = sentiment_items()
-    reviews = review_records({i["question"] for items in sentiment.values() for i in items})
+    records = asset_items.dataset_records(bench_questions)
+    sentiment = asset_items.sentiment_items()
+    reviews = asset_items.review_records({i["question"] for items in sentiment.values() for i in items})
     benches["tiny-sentiment"] = sentiment
     corpus = [f"{r['question']} {r['answer']}" for r in records] + [
         f"{i['question']} {i['answer']}" for s in benches.values() for items in s.values() for i in items
@@ -492,10 +280,10 @@ def build_all(assets: Path, force: bool = False) -> list[str]:
     for name, subsets in benches.items():
         steps.append((assets / "benchmarks" / name,
                       lambda d, name=name, subsets=subsets: build_benchmark(d, name, subsets)))
-    grade_school, grade_school_records = grade_school_items()
+    grade_school, grade_school_records = asset_items.grade_school_items()
     steps += [
         (assets / "datasets" / "grade-school-arith",
-         lambda d: build_dataset(d, grade_school_records, GRADE_SCHOOL_README)),
+         lambda d: build_dataset(d, grade_school_records, asset_items.GRADE_SCHOOL_README)),
         (assets / "benchmarks" / "gsm8k-synth", lambda d: build_gsm8k_synth(d, grade_school)),
     ]
     for dest, builder in steps:

@@ -98,7 +98,7 @@ async def test_example_passes_for_real(
         assert "benchmark_test" not in verdict.model_dump()
         assert verdict.sandbox == f"docker:{settings.sandbox_image}"
 
-        report = await pipeline.client.wait(rid, timeout_s=300, report=True)
+        report = await pipeline.client.wait_report(rid, timeout_s=300)
         assert isinstance(report, Report)
         assert report.benchmark_test is not None and report.benchmark_test.accuracy_summary
         first = sorted(subsets)[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ftbus.bus_client import FtbusClient
+from ftbus.client import Client
 from ftbus.embedded import EmbeddedServer
 from shared.bus import Bus
 from shared.events import Stage
@@ -81,7 +81,7 @@ class Pipeline:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.bus: Bus | None = None
-        self.client: FtbusClient | None = None
+        self.client: Client | None = None
         self._stops: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -92,7 +92,7 @@ class Pipeline:
         if self.bus is None:
             self.bus = await Bus.connect(self.settings)
             await self.bus.ensure_topology()
-            self.client = FtbusClient(self.bus)
+            self.client = Client.on_bus(self.bus)
         stop = asyncio.Event()
         self._stops.append(stop)
         self._tasks.append(asyncio.create_task(run_services(self.bus, stages or list(Stage), concurrency, stop)))

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from ftbus.embedded import EmbeddedServer, free_port
+from ftbus.stages import PIPELINE
 from shared.events import Report, Stage, TaskSpec
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, write_workspace
@@ -40,7 +41,7 @@ TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith", description="
 CHROMIUM = os.environ.get("FTBUS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-STAGES = ["data", "train", "bench", "judge", "aggregate"]
+STAGES = [spec.stage for spec in PIPELINE]  # the cards follow the pipeline table (ftbus/stages.py)
 WAIT_MS = 90_000
 
 
@@ -81,7 +82,7 @@ class Env:
 
     async def report(self, rid: str) -> Report:
         assert self.pipeline.client is not None
-        report = await self.pipeline.client.wait(rid, timeout_s=120, report=True)
+        report = await self.pipeline.client.wait_report(rid, timeout_s=120)
         assert isinstance(report, Report)
         return report
 
@@ -203,8 +204,12 @@ async def test_overview_shows_stage_cards_requests_and_dead_letters(env: Env, pa
     await env.pipeline.bus.js.publish(env.pipeline.bus.subjects.eval_requested, b"not an event")
 
     await page.goto(env.url + "/")
-    await page.wait_for_function("document.querySelectorAll('#stages .card').length === 5", timeout=WAIT_MS)
+    await page.wait_for_function(f"document.querySelectorAll('#stages .card').length === {len(STAGES)}",
+                                 timeout=WAIT_MS)
     assert await page.eval_on_selector_all("#stages .card", "cs => cs.map(c => c.dataset.stage)") == STAGES
+    # Each card is titled with the table's label: the page keeps no stage names of its own.
+    headings = await page.eval_on_selector_all("#stages .card h3", "hs => hs.map(h => h.firstChild.textContent)")
+    assert headings == [spec.label for spec in PIPELINE]
     # Every stage has its worker bound (idle workers wait in a pull request on the server).
     await page.wait_for_function(
         "[...document.querySelectorAll('#stages .card [data-key=workers] .v')].every(v => +v.textContent >= 1)",

@@ -66,7 +66,7 @@ async def test_the_dashboard_needs_only_the_dashboard_users_grants(
         assert pipeline.client is not None
         rid = await pipeline.client.submit(write_workspace(tmp_path / "ws"), TASK)
         await pipeline.client.wait(rid, timeout_s=120)
-        report = await pipeline.client.wait(rid, timeout_s=60, report=True)
+        report = await pipeline.client.wait_report(rid, timeout_s=60)
         assert isinstance(report, Report) and report.benchmark_test is not None
 
         since = secured.log_size()

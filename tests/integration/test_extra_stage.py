@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
-from ftbus.client import FtbusClient
+from ftbus.client import Client
 from ftbus.permissions import render, users
 from ftbus.stages import BY_STAGE, PIPELINE
 from shared.bus import Bus
@@ -59,13 +59,13 @@ EXTENDED = (replace(BY_STAGE[Stage.data], next="screen"), SCREEN,
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[FtbusClient]:
+async def running(settings: Settings) -> AsyncIterator[Client]:
     bus = await Bus.connect(settings, name="extended-pipeline")
     await bus.ensure_topology([spec.stage for spec in EXTENDED])
     stop = asyncio.Event()
     tasks = [asyncio.create_task(spec.run(bus, stop, None, EXTENDED)) for spec in EXTENDED]
     try:
-        yield FtbusClient(bus)
+        yield Client.on_bus(bus)
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=30)

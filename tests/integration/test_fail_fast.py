@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ftbus.bus_client import FtbusClient
+from ftbus.client import Client
 from shared.events import Stage, TaskSpec
 from shared.settings import Settings
 from shared.taskcheck import UnknownAsset
@@ -48,7 +48,7 @@ async def test_a_client_without_assets_is_refused_by_the_data_stage_before_train
     await pipeline.start()
     # The submitter's machine has no assets folder: the client cannot check, the data stage does.
     remote = settings.model_copy(update={"assets_dir": tmp_path / "no-assets-here"})
-    client = await FtbusClient.connect(remote)
+    client = await Client(settings=remote).connect()
     try:
         rid = await client.submit(write_workspace(tmp_path / "ws"),
                                   TaskSpec(base_model="tiny-standin", benchmark="tiny-arithh"))

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ftbus.bus_client import FtbusClient
+from ftbus.client import Client
 from ftbus.embedded import free_port
 from shared.bus import Bus
 from shared.events import Stage, TaskSpec
@@ -201,7 +201,7 @@ async def test_prometheus_scrapes_every_worker_and_the_dashboard_and_reads_the_s
         with prometheus(tmp_path / "prometheus", targets) as prom:
             prom.until("up", lambda a: len(a) == 6 and all(v == 1 for v in a.values()),
                        "every worker's and the dashboard's endpoint up")
-            client = FtbusClient(bus)
+            client = Client.on_bus(bus)
             rid = await client.submit(write_workspace(tmp_path / "ws"), TASK)
             verdict = await client.wait(rid, timeout_s=WAIT_S)
             assert verdict.status == "completed" and verdict.final_decision is True, verdict.execution

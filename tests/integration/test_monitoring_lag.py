@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ftbus.bus_client import FtbusClient
 from ftbus.cli import run_services
+from ftbus.client import Client
 from ftbus.embedded import EmbeddedServer
 from shared.bus import Bus
 from shared.events import Stage, TaskSpec
@@ -179,7 +179,7 @@ def gated_workspace(root: Path, gate: Path, index: int) -> Path:
     return write_workspace(root / f"ws{index}", script=script)
 
 
-async def burst_then_drain(monitor: Monitor, workers: Workers, client: FtbusClient, tmp_path: Path,
+async def burst_then_drain(monitor: Monitor, workers: Workers, client: Client, tmp_path: Path,
                            names: dict[Stage, str]) -> None:
     """The scenario; ``names`` maps each stage to its trigger's key in ``monitor.triggers``."""
     data, aggregate = names[Stage.data], names[Stage.aggregate]
@@ -244,7 +244,7 @@ async def test_the_embedded_server_reports_each_stage_lag_as_keda_reads_it(
     # No accounts configured: everything is in the global account, "$G" (sent as acc=%24G).
     monitor = Monitor(f"127.0.0.1:{nats_server.monitor_port}", stage_triggers(Subjects(settings.subject_prefix), "$G"))
     workers = Workers(lambda stage: settings)
-    async with await FtbusClient.connect(settings) as client:
+    async with Client(settings=settings) as client:
         try:
             await burst_then_drain(monitor, workers, client, tmp_path, {s: s.value for s in Stage})
         finally:
@@ -293,7 +293,7 @@ async def test_the_deployed_config_reports_the_lag_the_scaled_objects_read(
     assert set(names.values()) <= set(triggers)
     monitor = Monitor(f"127.0.0.1:{secured.http_port}", triggers)
     workers = Workers(lambda stage: settings(STAGE_USERS[stage]))
-    async with await FtbusClient.connect(settings("agent")) as agent:
+    async with Client(settings=settings("agent")) as agent:
         try:
             await burst_then_drain(monitor, workers, agent, tmp_path, names)
         finally:

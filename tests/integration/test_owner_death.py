@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ftbus.bus_client import FtbusClient
+from ftbus.client import Client
 from ftbus.embedded import PID_FILE, EmbeddedServer, reap_stale_server, start_time
 from shared.events import TaskSpec
 from shared.settings import Settings
@@ -85,7 +85,7 @@ async def test_kill_9_of_ftbus_up_leaves_nothing_running_and_a_restart_resumes(
     try:
         settings = Settings(home=home, assets_dir=assets_dir, nats_url=url, log_level="WARNING")
         pid_file = tmp_path / "trainer.pid"
-        client = await FtbusClient.connect(settings)
+        client = await Client(settings=settings).connect()
         try:
             ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 16,
                                                          "standin_pid_file": str(pid_file)})
@@ -118,7 +118,7 @@ async def test_kill_9_of_ftbus_up_leaves_nothing_running_and_a_restart_resumes(
         # The same home again: the request in flight is taken up and finished.
         pid_file.unlink()
         up, url = _start_up(env, home, log)
-        client = await FtbusClient.connect(settings.model_copy(update={"nats_url": url}))
+        client = await Client(settings=settings.model_copy(update={"nats_url": url})).connect()
         try:
             verdict = await client.wait(rid, timeout_s=180)
             view = await client.status(rid)

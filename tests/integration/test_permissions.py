@@ -25,8 +25,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from ftbus.bus_client import FtbusClient, WaitTimeout
 from ftbus.cli import run_services
+from ftbus.client import Client, WaitTimeout
 from shared.bus import Bus
 from shared.denials import PermissionDenied
 from shared.events import Report, TaskSpec, Verdict
@@ -111,7 +111,7 @@ async def one_request(
             await bus.guard(bus.ensure_topology())  # as `ftbus worker STAGE` does
             tasks.append(asyncio.create_task(run_services(bus, [stage], 1, stop)))
         await asyncio.sleep(0.5)  # the durable consumers exist
-        async with await FtbusClient.connect(settings("agent")) as agent:
+        async with Client(settings=settings("agent")) as agent:
             rid = await agent.submit(write_workspace(home / "ws", train={"standin_accuracy_every": 1}), TASK)
             try:
                 verdict = await agent.wait(rid, timeout_s=120)
@@ -133,12 +133,12 @@ async def one_request(
                 await compare_requests(agent, rid, "20990101-000000-00000000")
             campaign = await agent.campaign("perm-campaign")  # `ftbus campaign NAME`, as the agent
             assert campaign is not None and campaign.incumbent == rid
-        async with await FtbusClient.connect(settings("dashboard", client_name="dashboard")) as dashboard:
-            report = await dashboard.wait(rid, timeout_s=60, report=True)
+        async with Client(settings=settings("dashboard", client_name="dashboard")) as dashboard:
+            report = await dashboard.wait_report(rid, timeout_s=60)
             assert isinstance(report, Report)
             private = await dashboard.bus.private_artifacts()
             private_test_log = await private.stat(f"{rid}/logs/benchmark-test.log") is not None
-            full = await (await dashboard.bus.kv(dashboard.s.kv_requests)).get(rid)
+            full = await (await dashboard.bus.kv(dashboard.bus.subjects.kv_requests)).get(rid)
             assert full.value and b"benchmark_test" in full.value
     finally:
         stop.set()
@@ -310,15 +310,15 @@ async def test_the_client_raises_permission_denied_at_once(
     loop = asyncio.get_running_loop()
     started = loop.time()
     agent = seeded.model_copy(update={"nats_url": secured.url("agent")})
-    async with await FtbusClient.connect(agent) as client:
+    async with Client(settings=agent) as client:
         with pytest.raises(PermissionDenied) as refused:
-            await client.get(one_request.request_id, report=True)
+            await client.report(one_request.request_id)
         assert refused.value.subject == "$JS.API.STREAM.MSG.GET.FTBUS_REPORTS"
         assert refused.value.operation == "publish"
         assert str(refused.value).startswith("permission denied for $JS.API.STREAM.MSG.GET.FTBUS_REPORTS")
         # Waiting for the report would otherwise wait forever: its consumer is refused.
         with pytest.raises(PermissionDenied) as refused_wait:
-            await client.wait(one_request.request_id, report=True)
+            await client.wait_report(one_request.request_id)
         assert refused_wait.value.subject.startswith("$JS.API.CONSUMER.CREATE.FTBUS_REPORTS")
         # What the agent may do still works on the same connection.
         verdict = await client.get(one_request.request_id)
@@ -327,7 +327,7 @@ async def test_the_client_raises_permission_denied_at_once(
     # so the very first request's reply subscription is refused.
     judge = seeded.model_copy(update={"nats_url": secured.url("judge")})
     with pytest.raises(PermissionDenied) as refused_sub:
-        await FtbusClient.connect(judge)
+        await Client(settings=judge).connect()
     assert refused_sub.value.operation == "subscribe"
     assert refused_sub.value.subject.startswith("_INBOX.ftbus-client.")
     assert loop.time() - started < 30
@@ -355,7 +355,7 @@ async def test_the_agent_pulls_its_model_and_reads_no_other_object(
     finally:
         await aggregate.close()
     agent = seeded.model_copy(update={"nats_url": secured.url("agent")})
-    async with await FtbusClient.connect(agent) as client:
+    async with Client(settings=agent) as client:
         pulled = await pull(client, rid, tmp_path / "model")
         assert "adapter_model.safetensors" in pulled.files
         for ref in one_request.verdict.artifacts:

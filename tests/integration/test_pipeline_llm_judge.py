@@ -47,7 +47,7 @@ async def test_the_llm_judge_writes_the_verdict(pipeline: Pipeline, llm: FakeOpe
     assert len(llm.requests) == 1
     prompt = llm.requests[0].user_prompt
     assert "doubling" in prompt
-    report = await pipeline.client.wait(rid, timeout_s=60, report=True)
+    report = await pipeline.client.wait_report(rid, timeout_s=60)
     assert report.benchmark_test is not None
     test_only_ids = {i for ids in report.benchmark_test.item_ids.values() for i in ids}
     assert test_only_ids and not any(f'"{i}"' in prompt for i in test_only_ids)

@@ -33,7 +33,7 @@ async def test_a_good_candidate_passes_with_scores_baseline_and_a_separate_repor
     assert baseline is not None and baseline.difference is not None and baseline.difference > 0
     # The agent's verdict has no test results; the report does, on the last items.
     assert "benchmark_test" not in verdict.model_dump()
-    report = await pipeline.client.wait(rid, timeout_s=60, report=True)
+    report = await pipeline.client.wait_report(rid, timeout_s=60)
     assert isinstance(report, Report)
     assert report.benchmark_test is not None
     assert report.benchmark_test.item_ids["doubling"] == [f"d{i}" for i in range(10, 20)]

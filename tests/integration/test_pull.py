@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from ftbus.bus_client import FtbusClient
 from ftbus.client import Client
 from ftbus.pull import PullError
 from shared.bus import Bus
@@ -46,8 +45,8 @@ async def publish_trained(bus: Bus, rid: str, files: dict[str, bytes] = FILES) -
 
 
 @pytest.fixture
-async def client(settings: Settings, bus: Bus) -> AsyncIterator[FtbusClient]:
-    async with await FtbusClient.connect(settings) as conn:
+async def client(settings: Settings, bus: Bus) -> AsyncIterator[Client]:
+    async with Client(settings=settings) as conn:
         yield conn
 
 
@@ -65,7 +64,7 @@ async def test_pull_writes_the_verdicts_outputs_checked(settings: Settings, bus:
 
 
 async def test_a_digest_mismatch_names_the_file_and_leaves_nothing(
-    settings: Settings, bus: Bus, client: FtbusClient, tmp_path: Path
+    settings: Settings, bus: Bus, client: Client, tmp_path: Path
 ) -> None:
     from ftbus.pull import pull
 
@@ -80,7 +79,7 @@ async def test_a_digest_mismatch_names_the_file_and_leaves_nothing(
 
 
 async def test_pull_refuses_what_it_cannot_do_with_a_reason(
-    settings: Settings, bus: Bus, client: FtbusClient, tmp_path: Path
+    settings: Settings, bus: Bus, client: Client, tmp_path: Path
 ) -> None:
     from ftbus.pull import pull
 
@@ -117,7 +116,7 @@ async def test_the_cli_pulls_and_says_what_it_wrote(settings: Settings, bus: Bus
     assert again.returncode == 2 and "exists and is not an empty folder" in " ".join(again.stderr.split())
 
 async def test_an_output_path_that_climbs_out_is_refused_and_nothing_is_written(
-    settings: Settings, bus: Bus, client: FtbusClient, tmp_path: Path
+    settings: Settings, bus: Bus, client: Client, tmp_path: Path
 ) -> None:
     # The model folder is written where the user says, from the paths the verdict names (the store
     # refuses such names itself, but a verdict's path is its own string): one that climbs out of the

@@ -113,7 +113,7 @@ async def test_a_client_pickles_without_its_connection(settings: Settings) -> No
         copy = pickle.loads(pickle.dumps(client))  # connected: the connection stays behind
         assert copy.settings == client.settings
         with pytest.raises(RuntimeError, match="not connected"):
-            _ = copy.connection
+            _ = copy.bus
         async with copy:
             assert await copy.requests() == []
     with pytest.raises(TypeError, match="unknown ftbus settings: no_such_thing"):

@@ -107,7 +107,7 @@ async def test_the_leaders_outputs_survive_an_age_sweep_that_removes_the_others(
 
 
 async def test_pull_of_an_expired_model_says_it_expired_and_when(settings: Settings, tmp_path: Path) -> None:
-    from ftbus.bus_client import FtbusClient
+    from ftbus.client import Client
     from ftbus.pull import ModelExpired, pull
     from services.aggregator.retention import Retention
     from services.aggregator.store import RecordStore
@@ -118,7 +118,7 @@ async def test_pull_of_an_expired_model_says_it_expired_and_when(settings: Setti
         await bus.ensure_topology()
         await publish_trained(bus, "old")  # a verdict without a score: it leads nothing
         await Retention(bus, RecordStore(bus)).sweep(now=time.time() + settings.artifact_max_age_s + 60)
-        async with await FtbusClient.connect(settings) as client:
+        async with Client(settings=settings) as client:
             with pytest.raises(ModelExpired) as expired:
                 await pull(client, "old", tmp_path / "m")
         when = datetime.now(UTC) + timedelta(seconds=settings.artifact_max_age_s + 60)

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from ftbus.dashboard import views
+from ftbus.dashboard.leaderboard import LEADERBOARD_COLUMNS, leaderboard, leaderboard_csv
 from ftbus.dashboard.state import Hub, redact
+from ftbus.stages import LABELS, PIPELINE
 from shared.events import (
     BaselineComparison,
     BenchmarkScores,
@@ -78,8 +80,15 @@ def completed(rid: str, value: float, *, base: float = 0.25, test: float | None 
 def test_stage_card_reads_consumer_info_and_counts_idle_and_busy_workers() -> None:
     info = SimpleNamespace(num_pending=7, num_ack_pending=2, num_redelivered=1, num_waiting=3)
     stats = views.stage_stats_from_info("train", "ftbus-train", info)
-    assert stats.to_json() == {"stage": "train", "consumer": "ftbus-train", "pending": 7, "in_flight": 2,
-                               "redeliveries": 1, "waiting": 3, "workers": 5, "error": None}
+    assert stats.to_json() == {"stage": "train", "label": LABELS["train"], "consumer": "ftbus-train", "pending": 7,
+                               "in_flight": 2, "redeliveries": 1, "waiting": 3, "workers": 5, "error": None}
+
+
+def test_stage_cards_and_timeline_follow_the_pipeline_table() -> None:
+    """The cards' order and labels are the table's (ftbus/stages.py): the page keeps no list of its own."""
+    assert views.STAGE_ORDER == tuple(spec.stage for spec in PIPELINE)
+    cards = [views.StageStats(spec.stage, f"ftbus-{spec.stage}").to_json() for spec in PIPELINE]
+    assert [(c["stage"], c["label"]) for c in cards] == [(spec.stage, spec.label) for spec in PIPELINE]
 
 
 def test_leaderboard_ranks_by_validation_per_base_model_and_benchmark() -> None:
@@ -91,7 +100,7 @@ def test_leaderboard_ranks_by_validation_per_base_model_and_benchmark() -> None:
         completed("x1", 0.2, bench="other"),
         RequestRecord(request_id="running", status="running", task=TaskSpec(base_model="m", benchmark="b")),
     ]
-    boards = views.leaderboard(records)
+    boards = leaderboard(records)
     assert [(b["base_model"], b["benchmark"]) for b in boards] == [("m", "b"), ("m", "other")]
     rows = boards[0]["rows"]
     assert [r["request_id"] for r in rows] == ["r2", "r4", "r3", "r1"]
@@ -111,17 +120,17 @@ def test_the_request_page_says_which_protocol_produced_each_split_s_numbers() ->
 
 
 def test_leaderboard_lower_is_better_ranks_ascending() -> None:
-    rows = views.leaderboard([completed("a", 3.0, higher=False), completed("b", 1.0, higher=False)])[0]["rows"]
+    rows = leaderboard([completed("a", 3.0, higher=False), completed("b", 1.0, higher=False)])[0]["rows"]
     assert [r["request_id"] for r in rows] == ["b", "a"]
 
 
 def test_leaderboard_csv_has_every_row_in_rank_order() -> None:
-    boards = views.leaderboard([completed("r1", 0.5, test=0.4), completed("r2", 0.8)])
-    rows = list(csv.DictReader(io.StringIO(views.leaderboard_csv(boards))))
+    boards = leaderboard([completed("r1", 0.5, test=0.4), completed("r2", 0.8)])
+    rows = list(csv.DictReader(io.StringIO(leaderboard_csv(boards))))
     assert [r["request_id"] for r in rows] == ["r2", "r1"]
     assert rows[0]["base_model"] == "m" and rows[0]["benchmark"] == "b" and rows[0]["primary_metric"] == "exact_match"
     assert float(rows[1]["test"]) == 0.4 and rows[0]["test"] == ""
-    assert list(rows[0]) == list(views.LEADERBOARD_COLUMNS)
+    assert list(rows[0]) == list(LEADERBOARD_COLUMNS)
 
 
 def test_loss_curve_is_live_from_progress_then_complete_from_history() -> None:
@@ -255,7 +264,7 @@ def wilson_by_inversion(share: float, n: int, z: float = 1.959963984540054) -> t
 def test_a_rows_own_interval_is_never_a_point() -> None:
     """Every item right: mean +- 1.96 standard errors was [1.0000, 1.0000]; Wilson's interval is not."""
     perfect = itemised("own-perfect", [1.0] * 16, minute=1)
-    rows = views.leaderboard([perfect])[0]["rows"]
+    rows = leaderboard([perfect])[0]["rows"]
     lo, hi = rows[0]["interval"]
     assert hi == 1.0 and lo < 0.85 and (lo, hi) == pytest.approx(wilson_by_inversion(1.0, 16), abs=1e-5)
     # Subsets weighing the same count as their effective items (Kish: 1 / sum w^2): 10 and 6 items -> 15.
@@ -266,7 +275,7 @@ def test_a_rows_own_interval_is_never_a_point() -> None:
     bench.run_stats = {"a": RunStats(items=10, num_runs=1, mean=1.0, stderr=0.0),
                        "b": RunStats(items=6, num_runs=1, mean=0.5, stderr=0.2)}
     bench.overall = RunStats(items=16, num_runs=1, mean=0.75, stderr=0.1)
-    (row,) = views.leaderboard([two])[0]["rows"]
+    (row,) = leaderboard([two])[0]["rows"]
     assert tuple(row["interval"]) == pytest.approx(wilson_by_inversion(0.75, 15), abs=1e-5)
 
 
@@ -288,7 +297,7 @@ def test_a_candidate_inside_the_noise_of_the_leader_is_tied_by_the_paired_compar
     leader = itemised("lb-lead", [1.0] * 30 + [0.0] * 10, minute=1)
     close = itemised("lb-close", [1.0] * 29 + [0.0] * 11, minute=2)  # one item fewer right: noise
     far = itemised("lb-far", [1.0] * 10 + [0.0] * 30, minute=3)  # 20 items fewer, none more
-    rows = views.leaderboard([far, close, leader])[0]["rows"]
+    rows = leaderboard([far, close, leader])[0]["rows"]
     assert [r["request_id"] for r in rows] == ["lb-lead", "lb-close", "lb-far"]
     assert [r["standing"] for r in rows] == ["leader", "tied", "behind"]
     assert [r["tie_basis"] for r in rows] == [None, "paired", "paired"]
@@ -302,7 +311,7 @@ def test_a_candidate_inside_the_noise_of_the_leader_is_tied_by_the_paired_compar
     lo, hi = rows[0]["interval"]
     assert (lo, hi) == pytest.approx(wilson_by_inversion(0.75, 40), abs=1e-5)
     # The exports carry the same: the CSV as plain columns.
-    csv_rows = list(csv.DictReader(io.StringIO(views.leaderboard_csv(views.leaderboard([far, close, leader])))))
+    csv_rows = list(csv.DictReader(io.StringIO(leaderboard_csv(leaderboard([far, close, leader])))))
     assert [r["standing"] for r in csv_rows] == ["leader", "tied", "behind"]
     assert float(csv_rows[1]["vs_leader_difference"]) == -0.025 and csv_rows[0]["vs_leader_difference"] == ""
     assert float(csv_rows[2]["vs_leader_ci_high"]) == behind["ci_high"] and csv_rows[2]["vs_leader_items"] == "40"
@@ -315,7 +324,7 @@ def test_without_shared_items_a_row_has_no_standing() -> None:
     overlapping = itemised("lb2-near", [1.0] * 14 + [0.0] * 6, minute=2, ids=[f"x{i}" for i in range(20)])
     apart = itemised("lb2-apart", [1.0] * 1 + [0.0] * 19, minute=3, ids=[f"y{i}" for i in range(20)])
     unknown = completed("lb2-plain", 0.1, minute=4)  # no per-item outcomes and no standard error
-    rows = views.leaderboard([leader, overlapping, apart, unknown])[0]["rows"]
+    rows = leaderboard([leader, overlapping, apart, unknown])[0]["rows"]
     by_id = {r["request_id"]: r for r in rows}
     for rid in ("lb2-near", "lb2-apart"):
         assert by_id[rid]["standing"] is None and by_id[rid]["tie_basis"] is None and by_id[rid]["vs_leader"] is None
@@ -376,13 +385,13 @@ def test_the_leaderboard_corrects_its_comparisons_with_the_leader_for_multiplici
     0.05 / 4 and it is tied, its interval (at that level) holding 0."""
     leader = [1.0] * 40 + [0.0] * 20
     worse = [0.0] * 6 + [1.0] * 34 + [0.0] * 20  # 6 of the leader's right items wrong
-    alone = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2)])
+    alone = leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2)])
     (row,) = alone[0]["rows"][1:]
     assert row["standing"] == "behind" and row["vs_leader"]["p_value"] == pytest.approx(2 / 64)
     assert row["vs_leader"]["level"] == pytest.approx(0.95) and row["vs_leader"]["comparisons"] == 1
     # Three more candidates, identical to the leader (p = 1): now four comparisons in the family.
     copies = [itemised(f"h-copy{i}", leader, minute=3 + i) for i in range(3)]
-    crowded = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies])
+    crowded = leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies])
     by_id = {r["request_id"]: r for r in crowded[0]["rows"]}
     shown = by_id["h-worse"]["vs_leader"]
     assert by_id["h-worse"]["standing"] == "tied" and shown["comparisons"] == 4
@@ -391,7 +400,7 @@ def test_the_leaderboard_corrects_its_comparisons_with_the_leader_for_multiplici
     assert all(by_id[f"h-copy{i}"]["standing"] == "tied" for i in range(3))
     # Far behind stays behind whatever the family: p = 2 / 2^30, below 0.05 / 5.
     far = [0.0] * 30 + [1.0] * 10 + [0.0] * 20
-    five = views.leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies,
+    five = leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies,
                               itemised("h-far", far, minute=9)])
     rows = {r["request_id"]: r for r in five[0]["rows"]}
     assert rows["h-far"]["standing"] == "behind" and rows["h-far"]["vs_leader"]["ci_high"] < 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from evaluation.registry import BenchmarkItem
 from evaluation.scorers import check_gold, score_text
-from ftbus.toolchain.build_assets import ARITH_NAMES, ARITH_OBJECTS, GSM8K_SYNTH, grade_school_items
+from ftbus.toolchain.asset_items import ARITH_NAMES, ARITH_OBJECTS, GSM8K_SYNTH, grade_school_items
 
 
 def test_the_benchmark_is_held_out_of_the_training_records() -> None:

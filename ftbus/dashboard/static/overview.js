@@ -1,13 +1,11 @@
 "use strict";
 (() => {
   const { el } = FT;
-  const STAGE_LABELS = { data: "data", train: "trainer", bench: "benchmark", judge: "judge", aggregate: "aggregator" };
-
   function card(s) {
     const stat = (label, value, key) => el("div", { class: "stat", "data-key": key },
       el("span", { class: "v", text: value }), el("span", { class: "l", text: label }));
     return el("div", { class: "card" + (s.error ? " off" : s.pending > 0 ? " busy" : ""), "data-stage": s.stage },
-      el("h3", {}, STAGE_LABELS[s.stage] || s.stage, el("code", { text: s.consumer })),
+      el("h3", {}, s.label, el("code", { text: s.consumer })),  // the label: the pipeline table's (ftbus/stages.py)
       el("div", { class: "stats" },
         stat("pending", s.pending, "pending"),
         stat("in flight", s.in_flight, "in_flight"),
