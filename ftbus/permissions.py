@@ -76,7 +76,8 @@ class Topology:
                 *(self.s.kv_stage_results(stage) for stage in self.stages)]
 
     def stores(self) -> list[str]:
-        return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private, self.s.object_store_models]
+        return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private, self.s.object_store_models,
+                self.s.object_store_checkpoints]
 
     # ------------------------------------------------------------------ API families
 
@@ -200,6 +201,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     results = {stage: s.kv_stage_results(stage) for stage in t.stages}
     artifacts, cache, private = s.object_store, s.object_store_cache, s.object_store_private
     models = s.object_store_models
+    checkpoints = s.object_store_checkpoints
     topology_lookup: Group = ("ensure_topology(): metadata only; stream names for js.subscribe()",
                               ["$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES"])
     status_read: Group = ("the cancel check (shared/runtime.py): the public view, read only",
@@ -265,6 +267,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                 (f"the trained outputs' retention (services/aggregator/retention.py): list {models}'s\n"
                  "objects, read and write each request's ranking and expiry marker, delete expired outputs",
                  [*t.store_read(models), *t.store_write(models)]),
+                (f"the training checkpoints' removal when a request ends (retention.py): list {checkpoints}\n"
+                 "and delete a finished request's objects",
+                 [*t.store_read(checkpoints), *t.store_write(checkpoints)]),
             ],
             deny=[t.deny_cache("the workers-only caches: it creates the store (above) but never reads or "
                                "writes it")],
@@ -325,6 +330,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                  [*t.store_read(artifacts), *t.store_write(artifacts)]),
                 (f"the trained outputs out, to {models} (agents read them there: `ftbus pull`)",
                  [*t.store_read(models), *t.store_write(models)]),
+                (f"checkpoints of a running training to {checkpoints}, and back on a redelivery\n"
+                 "(resume state: agents never read it)",
+                 [*t.store_read(checkpoints), *t.store_write(checkpoints)]),
             ],
             deny=[*stage_denies_common, t.deny_bench_results(), t.deny_private(),
                   t.deny_cache("the workers-only cache store: any read, and any write (train gets the data\n"

@@ -173,6 +173,7 @@ class Bus:
         self._private: ArtifactStore | None = None
         self._cache: ArtifactStore | None = None
         self._models: ArtifactStore | None = None
+        self._checkpoints: ArtifactStore | None = None
         # guard(): operations waiting to hear of a permission violation
         self._denial_waiters: set[asyncio.Future[PermissionDenied]] = set()
 
@@ -351,6 +352,7 @@ class Bus:
         await self.cache_artifacts()
         await self.private_artifacts()
         await self.models_artifacts()
+        await self.checkpoint_artifacts()
 
     async def _ensure_stream(self, config: api.StreamConfig) -> None:
         assert config.name
@@ -441,6 +443,17 @@ class Bus:
                 ttl=0,
             )
         return self._models
+
+    async def checkpoint_artifacts(self) -> ArtifactStore:
+        """Training checkpoints (services/trainer/checkpoints.py): resume state of a running
+        training, written and read by train only; the trainer removes a request's checkpoints when
+        its training ends, the aggregator's retention sweep when the request ends."""
+        if self._checkpoints is None:
+            self._checkpoints = await self._open_store(
+                self.subjects.object_store_checkpoints,
+                "ftbus training checkpoints: resume state (train writes and reads; aggregator removes)",
+            )
+        return self._checkpoints
 
     async def _open_store(self, bucket: str, description: str, ttl: float | None = None,
                           submitter: bool = False) -> ArtifactStore:

@@ -142,6 +142,13 @@ class Subjects:
         the aggregator's retention sweep expires them, keeping each leaderboard's best."""
         return f"{self.prefix}_models"
 
+    @property
+    def object_store_checkpoints(self) -> str:
+        """Training checkpoints (``<request_id>/attempt-<n>/checkpoint-<step>/...`` and the
+        request's ``manifest.json``): trainer-private resume state, written and read by train,
+        removed by train and by the aggregator's retention sweep; never read by agents."""
+        return f"{self.prefix}_checkpoints"
+
 
 def topology_stream_names(subjects: Subjects) -> list[str]:
     """Every stream `Bus.ensure_topology` creates, KV buckets and object stores included (as the
@@ -163,6 +170,7 @@ def topology_stream_names(subjects: Subjects) -> list[str]:
         f"OBJ_{subjects.object_store_cache}",
         f"OBJ_{subjects.object_store_private}",
         f"OBJ_{subjects.object_store_models}",
+        f"OBJ_{subjects.object_store_checkpoints}",
     ]
 
 
