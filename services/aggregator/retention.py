@@ -91,7 +91,10 @@ class Retention:
             objects[rid][rest] = mtime
         removed = []
         for rid, files in objects.items():
-            record = await self.store.get(rid)
+            try:
+                record = await self.store.get(rid)
+            except ValueError:  # not a request's record: not ours to judge
+                continue
             ended = record.terminal if record is not None else (
                 now - max(files.values()) > self.bus.settings.record_max_age_s)
             if not ended:

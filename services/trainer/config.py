@@ -4,8 +4,10 @@ A config LlamaFactory would reject after loading a model for a minute is rejecte
 with a message that says what to change. Then the system-managed parameters are set (the
 reference's ``SYSTEM_MANAGED_PARAMS`` plus what a worker needs): outputs go to ``output/`` in the
 workspace, old outputs and dataset caches are overwritten, only model weights are saved (no
-optimizer state), evaluation uses batch 1, nothing reports to an online tracker, and datasets are
-looked up in the workspace (``dataset_dir: .``) unless the candidate chose a folder.
+optimizer state) unless resumable checkpoints are on (`_checkpointing`: then every save holds the
+optimizer, scheduler and RNG state, and a resumed run names its checkpoint), evaluation uses
+batch 1, nothing reports to an online tracker, and datasets are looked up in the workspace
+(``dataset_dir: .``) unless the candidate chose a folder.
 
 ``model_name_or_path`` becomes the absolute model path: LlamaFactory writes it into
 ``adapter_config.json`` as ``base_model_name_or_path``, and the benchmark stage, on another
