@@ -2,7 +2,8 @@
 its own host (a network namespace), two workers per stage, two aggregators, 24 requests of every
 kind, and a few faults (a worker SIGKILLed, the events leader's host cut off from the others for
 8 s, a worker SIGSTOPped past ack_wait, the events leader's node SIGKILLed, an aggregator
-restarted, every train worker SIGKILLed while a checkpointing training runs: it must resume). Where namespaces cannot be made, the run stays on loopback without the partition: the
+restarted, every train worker SIGKILLed while a checkpointing training runs: it must resume).
+Where namespaces cannot be made, the run stays on loopback without the partition: the
 test checks the guarantee, then reports a skip saying why. The full run is `make chaos`."""
 
 from __future__ import annotations
