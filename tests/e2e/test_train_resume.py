@@ -23,7 +23,7 @@ async def test_a_training_killed_after_step_200_resumes_from_its_checkpoint(
     base = Settings(home=tmp_path / "home", assets_dir=real_assets, toolchain_bin=toolchain_bin,
                     log_format="json", log_level="WARNING")
     run = await run_training(resume_settings(base, nats_server), workspace(tmp_path / "ws"), KILL_AFTER)
-    assert run.verdict.status == "completed", run.verdict.execution
+    assert run.verdict is not None and run.verdict.status == "completed", run.verdict
     assert run.resumed_from_step is not None and run.resumed_from_step >= 160, run.resumed_from_step
     assert f"resumed from step {run.resumed_from_step}" in run.verdict.execution
     assert run.loss_steps == list(range(1, STEPS + 1))  # no gap, no repeated step
