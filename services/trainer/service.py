@@ -130,7 +130,7 @@ async def handle(event: DataResult, ctx: StageContext) -> list[Outgoing]:
     run, first_step = await _train(ctx, event, prepared, workspace, uploader, timeout)
     if resume.manifest is not None:
         step = resume.manifest.step
-        if run.exit_code != 0 and not run.timed_out and first_step is None:
+        if run.exit_code != 0 and not (run.timed_out or run.cancelled or run.oom_killed) and first_step is None:
             # The checkpoint did not load (or the run failed before its first step): once more from 0.
             resume = Resume(note=f"the checkpoint of step {step} did not load (training exited with code "
                                  f"{run.exit_code} before its first step): training restarted from step 0")
