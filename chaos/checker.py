@@ -9,12 +9,15 @@
     unsubmitted every submit attempt failed (the client was told: not a lost request, but reported)
     leftovers   processes of the run (candidates, workers, undertakers, servers) alive after it, and
                 its network namespaces or links still there
+    not resumed a request whose trainer the kill_trainer fault killed after a checkpoint of step N was
+                uploaded, and whose verdict does not say "resumed from step M" with M >= N
     stale views a request with a verdict whose public view (`ftbus status`) does not show it: two
                 aggregators write one request's views, and an older one must never land last
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import textwrap
 from collections import Counter
@@ -37,6 +40,8 @@ class Result:
     leftovers: list[str] = field(default_factory=list)
     crashed: list[str] = field(default_factory=list)  # workers that exited on their own
     stale_views: list[str] = field(default_factory=list)
+    not_resumed: list[str] = field(default_factory=list)
+    resumed: int = 0
     by_kind: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
@@ -46,7 +51,7 @@ class Result:
     @property
     def failed(self) -> bool:
         return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers or self.crashed
-                    or self.stale_views)
+                    or self.stale_views or self.not_resumed)
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies:
@@ -71,6 +76,8 @@ class Result:
             ("leftovers", f"{len(self.leftovers)} {self.leftovers[:5] if self.leftovers else ''}"),
             ("workers that crashed", f"{len(self.crashed)} {self.crashed[:5] if self.crashed else ''}"),
             ("stale public views", f"{len(self.stale_views)} {self.stale_views[:5] if self.stale_views else ''}"),
+            ("killed trainings resumed", f"{self.resumed}" + (f", NOT resumed: {self.not_resumed[:5]}"
+                                                             if self.not_resumed else "")),
             ("latency p50 / p99", f"{p50:.1f} s / {p99:.1f} s" if p50 is not None and p99 is not None else "-"),
             ("most submit attempts", str(self.max_submit_attempts)),
             ("result", "FAIL" if self.failed else "PASS"),
@@ -121,3 +128,16 @@ def check(requests: list[Request], stream_counts: dict[str, int], published: dic
             stage = verdict.failed_stage if verdict.failed_stage else None
             result.wrong.append(f"{req.rid} ({req.kind}: {verdict.status}/{verdict.final_decision}/{stage})")
     return result
+
+
+def check_resumes(result: Result, requests: list[Request], resumes: dict[str, int]) -> None:
+    """Each request whose trainer was killed after its checkpoint of step N resumed from N or later."""
+    verdicts = {req.rid: req.verdict for req in requests}
+    for rid, step in resumes.items():
+        verdict = verdicts.get(rid)
+        found = re.search(r"resumed from step (\d+)", verdict.execution) if verdict is not None else None
+        if found is not None and int(found[1]) >= step:
+            result.resumed += 1
+        else:
+            said = verdict.execution[-120:] if verdict is not None else "no verdict"
+            result.not_resumed.append(f"{rid} (checkpoint of step {step}; the verdict: {said})")

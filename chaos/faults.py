@@ -9,6 +9,9 @@
     kill_leader_after_ack  submit, and SIGKILL the events leader the moment the submit is acknowledged
     kill_node         SIGKILL a random node, start it again after a pause
     restart_cluster   stop every node (SIGTERM), start them all again
+    kill_trainer      submit a long training that checkpoints every 5 steps, wait until its checkpoint
+                      of step >= 10 is uploaded, SIGKILL every train worker (so the one training it),
+                      start them again: the request must resume (the checker asserts the step)
 
 Network faults (with a chaos.network.Network: each node, and workers, on its own host):
 
@@ -44,10 +47,11 @@ FULL_SCHEDULE: list[tuple[float, str]] = [
     (150, "split"), (175, "stop_worker"), (195, "restart_cluster"), (230, "flap_link"), (255, "kill_worker"),
     (265, "kill_aggregator"), (280, "degrade_links"), (305, "kill_leader"), (320, "kill_node"),
     (335, "partition_leader"), (355, "kill_leader_after_ack"), (365, "kill_worker"), (375, "stop_worker"),
+    (385, "kill_trainer"),
 ]
 SMOKE_SCHEDULE: list[tuple[float, str]] = [
     (6, "kill_worker"), (10, "partition_leader"), (24, "stop_worker"), (35, "kill_leader"),
-    (42, "restart_aggregator"),
+    (42, "restart_aggregator"), (50, "kill_trainer"),
 ]
 NETWORK_FAULTS = ("partition_leader", "split", "flap_link", "degrade_links")
 
@@ -65,11 +69,17 @@ class Faults:
     schedule: list[tuple[float, str]]
     submit_probe: Callable[[], Awaitable[Any]] | None = None  # a submit whose ack triggers a leader kill
     leader_of: Callable[[], Awaitable[str | None]] | None = None
+    #: Submits a request of the load's ``resume`` kind; returns its id once acknowledged.
+    resume_probe: Callable[[], Awaitable[str]] | None = None
+    #: The step of a request's latest uploaded checkpoint (its manifest), None when there is none.
+    checkpoint_step: Callable[[str], Awaitable[int | None]] | None = None
     seed: int = 7
     network: Network | None = None
     partition_s: float = 15.0
     done: Counter[str] = field(default_factory=Counter)
     log: list[str] = field(default_factory=list)
+    #: kill_trainer's requests, each with the checkpoint step uploaded when its trainer was killed.
+    resumes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -112,6 +122,32 @@ class Faults:
         finally:
             victim.held = False
         return f"SIGKILL {victim.name}, restarted"
+
+    async def kill_trainer(self) -> str:
+        if self.resume_probe is None or self.checkpoint_step is None:
+            raise RuntimeError("this run has no resume probe")
+        rid = await self.resume_probe()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while (step := await self.checkpoint_step(rid)) is None or step < 10:
+            if loop.time() > deadline:
+                raise RuntimeError(f"{rid} uploaded no checkpoint of step >= 10 within 120 s")
+            await asyncio.sleep(0.5)
+        victims = [s for s in self.services.of("train") if s.alive()]
+        for victim in victims:
+            victim.held = True
+        try:
+            for victim in victims:
+                await asyncio.to_thread(victim.kill)
+            await asyncio.sleep(2)
+            for victim in victims:
+                victim.start()
+        finally:
+            for victim in victims:
+                victim.held = False
+        self.resumes[rid] = step
+        return (f"SIGKILL {', '.join(v.name for v in victims)} while {rid} trained (checkpoint of step {step} "
+                "uploaded), restarted")
 
     async def stop_worker(self) -> str:
         victim = self.rng.choice([s for s in self.services.all if s.stage in ("train", "bench") and s.alive()])

@@ -56,6 +56,7 @@ EXPECTED = {
     "train_fail": Expected("completed", False, "training"),
     "timeout": Expected("completed", False, "training"),
     "cancel": Expected("cancelled", False, "*"),  # failed_stage: where it was when cancelled
+    "resume": Expected("completed", True, None),  # only the kill_trainer fault submits it
 }
 
 
@@ -74,6 +75,8 @@ def workspace(root: Path, kind: str, *, step_s: float = 0.05, steps: int = 4, sa
         train.update(max_steps=40, standin_step_s=0.5)
     elif kind == "cancel":
         train.update(max_steps=600, standin_step_s=0.5)
+    elif kind == "resume":  # its own save_steps: checkpoints every 5 steps, whatever the setting
+        train.update(max_steps=60, standin_step_s=0.3, save_steps=5)
     if salt:
         script += f"# {salt}\n"
     (root / "process_data.py").write_text(script)

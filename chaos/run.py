@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.ackloss import AckLoss, probe
-from chaos.checker import Result, check
+from chaos.checker import Result, check, check_resumes
 from chaos.cluster import Cluster
 from chaos.faults import FULL_SCHEDULE, SMOKE_SCHEDULE, Faults, without_network
 from chaos.load import Load
@@ -36,6 +36,7 @@ from chaos.network import Network, NetworkUnavailable
 from chaos.retry import retry
 from chaos.services import Services, leftovers, standin_assets, standin_toolchain
 from ftbus.client import Client
+from services.trainer.checkpoints import read_manifest_quietly
 from shared import codec
 from shared.events import Verdict
 from shared.logs import setup_logging
@@ -74,8 +75,15 @@ async def chaos(args: argparse.Namespace, root: Path,
             return info.cluster.leader if info.cluster else None
 
         schedule = SMOKE_SCHEDULE if args.smoke else FULL_SCHEDULE
+        checkpoints = await client.bus.checkpoint_artifacts()
+
+        async def checkpoint_step(rid: str) -> int | None:
+            manifest = await read_manifest_quietly(checkpoints, rid)
+            return manifest.step if manifest is not None else None
+
         faults = Faults(cluster, services, args.ack_wait, schedule if network else without_network(schedule),
                         submit_probe=lambda: load.extra(client), leader_of=leader, seed=args.seed,
+                        resume_probe=lambda: load.extra(client, "resume"), checkpoint_step=checkpoint_step,
                         network=network, partition_s=8.0 if args.smoke else 15.0)
         stop_faults = asyncio.Event()
         fault_task = asyncio.create_task(faults.run(stop_faults))
@@ -108,6 +116,7 @@ async def chaos(args: argparse.Namespace, root: Path,
     left = await asyncio.to_thread(leftovers, root)
     result = check(load.requests, stream_counts, published, published_counts, left, faults.done, subjects.verdict)
     result.crashed = crashed
+    check_resumes(result, load.requests, faults.resumes)
     result.stale_views = stale_views
     if result.failed and args.keep_logs:
         kept = args.keep_logs / time.strftime("chaos-%Y%m%d-%H%M%S")
@@ -262,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             "duplicated": result.duplicated, "wrong": result.wrong, "errors": dict(result.errors),
             "unsubmitted": result.unsubmitted, "leftovers": result.leftovers, "crashed": result.crashed,
             "faults": dict(result.faults), "network": where,
+            "resumed": result.resumed, "not_resumed": result.not_resumed,
             "p50": result.percentile(50), "p99": result.percentile(99), "fault_log": fault_log,
             "ack_loss": [loss.__dict__ for loss in ack_losses],
         }, indent=2))

@@ -20,7 +20,7 @@ def status(
     request_id: Annotated[str, typer.Argument(help="The id printed by submit.")],
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the request's status view as one JSON object on stdout (status, stage, stages with "
-        "attempts and timings, progress, final_decision).")] = False,
+        "attempts and timings, the training's resumed_from_step, progress, final_decision).")] = False,
     config: ConfigOpt = None,
     nats_url: UrlOpt = None,
 ) -> None:

@@ -56,7 +56,8 @@ class Topology:
                 *(self.s.kv_stage_results(stage) for stage in self.stages)]
 
     def stores(self) -> list[str]:
-        return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private, self.s.object_store_models]
+        return [self.s.object_store, self.s.object_store_cache, self.s.object_store_private, self.s.object_store_models,
+                self.s.object_store_checkpoints]
 
     # ------------------------------------------------------------------ API families
 

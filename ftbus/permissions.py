@@ -40,6 +40,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     results = {stage: s.kv_stage_results(stage) for stage in t.stages}
     artifacts, cache, private = s.object_store, s.object_store_cache, s.object_store_private
     models = s.object_store_models
+    checkpoints = s.object_store_checkpoints
     topology_lookup: Group = ("ensure_topology(): metadata only; stream names for js.subscribe()",
                               ["$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES"])
     status_read: Group = ("the cancel check (shared/runtime.py): the public view, read only",
@@ -106,6 +107,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                 (f"the trained outputs' retention (services/aggregator/retention.py): list {models}'s\n"
                  "objects, read and write each request's ranking and expiry marker, delete expired outputs",
                  [*t.store_read(models), *t.store_write(models)]),
+                (f"the training checkpoints' removal when a request ends (retention.py): list {checkpoints}\n"
+                 "and delete a finished request's objects",
+                 [*t.store_read(checkpoints), *t.store_write(checkpoints)]),
             ],
             deny=[t.deny_cache("the workers-only caches: it creates the store (above) but never reads or "
                                "writes it")],
@@ -141,7 +145,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
             stage_results(spec.stage),
             (g.artifacts.why.format(s=s), store(artifacts, g.artifacts)),
         ]
-        for grant, name in ((g.models, models), (g.private, private), (g.cache, cache)):
+        for grant, name in ((g.models, models), (g.checkpoints, checkpoints), (g.private, private), (g.cache, cache)):
             if grant is not None:
                 allow.append((grant.why.format(s=s), store(name, grant)))
         if g.campaigns is not None:

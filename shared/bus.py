@@ -220,6 +220,7 @@ class Bus:
         await self.cache_artifacts()
         await self.private_artifacts()
         await self.models_artifacts()
+        await self.checkpoint_artifacts()
 
     async def kv(self, bucket: str) -> KeyValue:
         if bucket in self._kv:
@@ -266,6 +267,14 @@ class Bus:
         return await self._open_store(
             self.subjects.object_store_models,
             "ftbus trained outputs: adapters or weights, tokenizer, trainer state (agents may read)", ttl=0)
+
+    async def checkpoint_artifacts(self) -> ArtifactStore:
+        """Training checkpoints (services/trainer/checkpoints.py): resume state of a running
+        training, written and read by train only; the trainer removes a request's checkpoints when
+        its training ends, the aggregator's retention sweep when the request ends."""
+        return await self._open_store(
+            self.subjects.object_store_checkpoints,
+            "ftbus training checkpoints: resume state (train writes and reads; aggregator removes)")
 
     async def _open_store(self, bucket: str, description: str, ttl: float | None = None,
                           submitter: bool = False) -> ArtifactStore:

@@ -34,6 +34,10 @@ class StageTiming(Model):
     finished_at: datetime | None = None
     ok: bool | None = None
     attempts: int = 0
+    #: Training only: the checkpoint step a redelivered training resumed from.
+    resumed_from_step: int | None = None
+    #: Training only: why a redelivered training restarted from step 0 although a checkpoint was saved.
+    resume_note: str | None = None
 
     @property
     def duration_s(self) -> float | None:

@@ -144,6 +144,13 @@ class Settings(BaseSettings):
         description="Host variables that candidate processes may see; everything else is scrubbed.",
     )
     train_command: str = Field(default="llamafactory-cli train train.yaml")
+    train_checkpoint_every_steps: int = Field(
+        default=500, ge=0,
+        description="Training saves a resumable checkpoint (weights, optimizer, scheduler, RNG state) every "
+        "this many steps, unless the candidate's train.yaml sets save_steps; the latest goes to the "
+        "checkpoints store, and a redelivered training resumes from it. 0: no checkpoints (a lost trainer "
+        "restarts from step 0).",
+    )
     bench_backend: Literal["lm-eval", "opencompass"] = Field(
         default="lm-eval",
         description="Benchmark runner: lm-eval (in the toolchain) or OpenCompass (its own env, `make opencompass`).",

@@ -63,6 +63,8 @@ class Grants:
     artifacts: Grant = Grant("artifacts: read and write")
     #: The trained outputs' store (``ftbus_models``).
     models: Grant | None = None
+    #: The training checkpoints' store (``ftbus_checkpoints``: resume state, never for agents).
+    checkpoints: Grant | None = None
     #: The private store (test-split logs and baselines).
     private: Grant | None = None
     #: The workers-only cache store (content-addressed caches: whoever writes them is trusted by all).

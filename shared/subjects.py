@@ -145,6 +145,13 @@ class Subjects:
         the aggregator's retention sweep expires them, keeping each leaderboard's best."""
         return f"{self.prefix}_models"
 
+    @property
+    def object_store_checkpoints(self) -> str:
+        """Training checkpoints (``<request_id>/attempt-<n>/checkpoint-<step>/...`` and the
+        request's ``manifest.json``): trainer-private resume state, written and read by train,
+        removed by train and by the aggregator's retention sweep; never read by agents."""
+        return f"{self.prefix}_checkpoints"
+
 
 def pipeline_stages(stages: Sequence[str] | None = None) -> list[str]:
     """The stage names of a pipeline: ``stages`` (from its table, ``spec.stage`` of each row), else
@@ -173,6 +180,7 @@ def topology_stream_names(subjects: Subjects, stages: Sequence[str] | None = Non
         f"OBJ_{subjects.object_store_cache}",
         f"OBJ_{subjects.object_store_private}",
         f"OBJ_{subjects.object_store_models}",
+        f"OBJ_{subjects.object_store_checkpoints}",
     ]
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from ftbus.dashboard.views import hidden_test_scores, iso, paired_json, verdict_result
 from shared.events import BenchmarkScores, Stage
 from shared.paired import compare_scores
+from shared.power import effective_items
 from shared.records import RequestRecord
 from shared.retention import rank_key
-from shared.power import effective_items
 from shared.statistics import PairedComparison, holm, score_interval
 
 # ---------------------------------------------------------------------- leaderboard

@@ -11,6 +11,11 @@ pull` to report. A leader's outputs are never removed, so the leaders are always
 requests whose outputs remain: no other state is needed. Markers themselves go after
 ``result_max_age_s``, with the verdicts they explain.
 
+The same pass removes training checkpoints (the checkpoints store, services/trainer/checkpoints.py)
+of every request that has ended (its record is terminal), or whose record is gone and whose
+checkpoints are older than ``record_max_age_s``: the trainer removes them itself when a training
+ends, so these are a killed worker's leftovers or a request that never reached its verdict.
+
 Several aggregators may sweep at once: every step is a delete or a write of the same content.
 """
 
@@ -74,6 +79,31 @@ class Retention:
                 await models.delete(f"{rid}/{EXPIRED_MARKER}")
         if removed:
             log.info("trained outputs expired", requests=len(removed), kept_leaders=len(kept))
+        await self.sweep_checkpoints(now)
+        return removed
+
+    async def sweep_checkpoints(self, now: float) -> list[str]:
+        """Remove the checkpoints of requests that ended; the requests whose checkpoints it removed."""
+        store = await self.bus.checkpoint_artifacts()
+        objects: dict[str, dict[str, float]] = defaultdict(dict)
+        for name, mtime in await store.list_objects():  # type: ignore[attr-defined]
+            rid, _, rest = name.partition("/")
+            objects[rid][rest] = mtime
+        removed = []
+        for rid, files in objects.items():
+            try:
+                record = await self.store.get(rid)
+            except ValueError:  # not a request's record: not ours to judge
+                continue
+            ended = record.terminal if record is not None else (
+                now - max(files.values()) > self.bus.settings.record_max_age_s)
+            if not ended:
+                continue
+            for f in sorted(files, key=lambda f: f != "manifest.json"):  # the manifest first
+                await store.delete(f"{rid}/{f}")
+            removed.append(rid)
+        if removed:
+            log.info("training checkpoints removed", requests=len(removed))
         return removed
 
     async def _ranking(self, models: ArtifactStore, rid: str, files: dict[str, float]) -> Ranking | None:

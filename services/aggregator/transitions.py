@@ -26,6 +26,7 @@ from shared.events import (
     Progress,
     StageResult,
     StageRun,
+    TrainResult,
     Verdict,
 )
 from shared.records import RequestRecord, StageTiming
@@ -83,6 +84,9 @@ def on_stage_result(record: RequestRecord, event: StageResult, row: StageSpec, j
     _ran(timing, event.runs.get(row.record_name))
     timing.finished_at = event.emitted_at
     timing.ok = event.ok
+    if isinstance(event, TrainResult):
+        timing.resumed_from_step = event.train.resumed_from_step
+        timing.resume_note = event.train.resume_note
     if record.verdict is None:
         record.status = "running"
         following = row.next if event.ok else judge
@@ -102,7 +106,7 @@ def on_judge(record: RequestRecord, event: JudgeResult, row: StageSpec) -> None:
     timing.finished_at = event.emitted_at
     timing.ok = True
     record.judge = event
-    claim(record, verdict_from_judge(event))
+    claim(record, verdict_from_judge(event, record.stages.get("train")))
 
 
 def on_cancel(record: RequestRecord, event: CancelRequested, row: StageSpec | None) -> None:

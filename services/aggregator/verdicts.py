@@ -9,16 +9,30 @@ from shared.events import (
     Verdict,
     VerdictResult,
 )
-from shared.records import RequestRecord
+from shared.records import RequestRecord, StageTiming
 from shared.stagespec import StageSpec
 
 
-def verdict_from_judge(judge: JudgeResult) -> Verdict:
+def resume_sentence(train: StageTiming | None) -> str | None:
+    """What the verdict says of a training that a lost worker left behind, if any."""
+    if train is None:
+        return None
+    if train.resumed_from_step is not None:
+        return (f"Training was interrupted (attempt {train.attempts}) and resumed from step "
+                f"{train.resumed_from_step}, its latest saved checkpoint.")
+    if train.resume_note:
+        return f"Training was interrupted and not resumed: {train.resume_note}."
+    return None
+
+
+def verdict_from_judge(judge: JudgeResult, train: StageTiming | None = None) -> Verdict:
+    """``train``: the record's training timing, whose resume the execution text reports."""
     fb = judge.feedback
+    resumed = resume_sentence(train)
     return Verdict(
         request_id=judge.request_id,
         status="completed",
-        execution=fb.execution,
+        execution=f"{fb.execution}\n{resumed}" if resumed else fb.execution,
         return_checking=fb.return_checking,
         code=fb.code,
         final_decision=fb.final_decision,

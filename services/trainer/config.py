@@ -4,8 +4,10 @@ A config LlamaFactory would reject after loading a model for a minute is rejecte
 with a message that says what to change. Then the system-managed parameters are set (the
 reference's ``SYSTEM_MANAGED_PARAMS`` plus what a worker needs): outputs go to ``output/`` in the
 workspace, old outputs and dataset caches are overwritten, only model weights are saved (no
-optimizer state), evaluation uses batch 1, nothing reports to an online tracker, and datasets are
-looked up in the workspace (``dataset_dir: .``) unless the candidate chose a folder.
+optimizer state) unless resumable checkpoints are on (`_checkpointing`: then every save holds the
+optimizer, scheduler and RNG state, and a resumed run names its checkpoint), evaluation uses
+batch 1, nothing reports to an online tracker, and datasets are looked up in the workspace
+(``dataset_dir: .``) unless the candidate chose a folder.
 
 ``model_name_or_path`` becomes the absolute model path: LlamaFactory writes it into
 ``adapter_config.json`` as ``base_model_name_or_path``, and the benchmark stage, on another
@@ -62,6 +64,8 @@ class PreparedTrainConfig(BaseModel):
     datasets: list[str]
     #: System-managed keys whose value the candidate had set differently (they were replaced).
     overridden: list[str] = Field(default_factory=list)
+    #: Steps between resumable checkpoints (the candidate's save_steps, else the setting); None: none.
+    save_steps: int | None = None
 
 
 # ---------------------------------------------------------------- YAML as LlamaFactory reads it
@@ -287,8 +291,24 @@ def _check_declared(names: list[str], key: str, declared: dict[str, Any]) -> Non
 # ---------------------------------------------------------------- entry point
 
 
-def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> PreparedTrainConfig:
-    """Check train.yaml against this worker's assets and the workspace, and set managed values."""
+def _checkpointing(config: dict[str, Any], every_steps: int, resume_from: str | None) -> int | None:
+    """Resumable checkpoints every ``save_steps`` (the candidate's when it set a whole number of
+    steps, else ``every_steps``; 0: none), with the optimizer, scheduler and RNG state HF Trainer
+    needs to resume; and ``resume_from`` (a checkpoint folder in the workspace) to resume from."""
+    if every_steps <= 0:
+        return None
+    own = config.get("save_steps")
+    steps = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else every_steps
+    config.update(save_strategy="steps", save_steps=steps, save_only_model=False)
+    if resume_from is not None:
+        config["resume_from_checkpoint"] = resume_from
+    return steps
+
+
+def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path, checkpoint_every_steps: int = 0,
+                       resume_from: str | None = None) -> PreparedTrainConfig:
+    """Check train.yaml against this worker's assets and the workspace, and set managed values
+    (checkpoints every ``checkpoint_every_steps``, resuming from ``resume_from``: `_checkpointing`)."""
     assets_dir = assets_dir.absolute()
     workspace_dir = workspace_dir.absolute()
     config = _load_yaml(text, "train.yaml")
@@ -346,6 +366,7 @@ def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> P
     overridden = [k for k, v in SYSTEM_MANAGED_PARAMS.items() if k in config and config[k] != v]
     config.update(SYSTEM_MANAGED_PARAMS)
     config["model_name_or_path"] = str(model_path)
+    save_steps = _checkpointing(config, checkpoint_every_steps, resume_from)
     # `llamafactory-cli train` with do_train left out (default false) would exit 0 having trained nothing.
     if config.get("do_train") is None:
         config["do_train"] = True
@@ -360,4 +381,5 @@ def prepare_train_yaml(text: str, *, assets_dir: Path, workspace_dir: Path) -> P
         finetuning_type=finetuning_type.strip(),
         datasets=datasets,
         overridden=overridden,
+        save_steps=save_steps,
     )

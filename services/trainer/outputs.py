@@ -111,31 +111,52 @@ def _written_in_place(path: Path, output_dir: Path) -> bool:
     return real == Path(os.path.realpath(output_dir)) / path.relative_to(output_dir)
 
 
+def merge_histories(*histories: LossHistory) -> LossHistory:
+    """One history from several, one point per step (train and eval apart), in step order; a
+    later history's point replaces an earlier one's at the same step. A resumed training's
+    checkpoint holds steps 1..N and its log what came after; a killed run's log may repeat what
+    its last checkpoint holds: either way, no step is missing or counted twice."""
+    train: dict[int, TrainLossPoint] = {}
+    evals: dict[int, EvalLossPoint] = {}
+    for history in histories:
+        train.update((p.step, p) for p in history.train)
+        evals.update((p.step, p) for p in history.eval)
+    return LossHistory(train=[train[k] for k in sorted(train)], eval=[evals[k] for k in sorted(evals)])
+
+
+def _read_history(path: Path, read: Any, output_dir: Path) -> LossHistory | None:
+    if not path.is_file() or not _written_in_place(path, output_dir):
+        return None
+    try:
+        return read(path)
+    except Exception as exc:  # a bad file must never fail the stage: the history is optional
+        get_logger(_LOGGER).warning("loss history unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}")
+        return None
+
+
 def extract_loss_history(output_dir: Path) -> LossHistory:
     """Train/eval loss points from ``trainer_state.json``'s ``log_history``; never raises.
 
-    A run that finished writes ``output/trainer_state.json``. One that was killed (timeout,
-    OOM) has not, yet its history is often still there: the latest ``checkpoint-N/`` holds one,
-    and LlamaFactory's ``trainer_log.jsonl`` has a line per logging step. They are tried in that
-    order, since a timed-out run's loss curve is what its author needs most.
+    A run that finished writes ``output/trainer_state.json``, whose history is whole (a resumed
+    run's too: HF Trainer carries the checkpoint's history on). One that was killed (timeout,
+    OOM) has not, yet its history is often still there: the latest ``checkpoint-N/`` holds steps
+    up to N, and LlamaFactory's ``trainer_log.jsonl`` a line per logging step of this run (after
+    N when it resumed from there). They are merged by step (`merge_histories`), since a timed-out
+    run's loss curve is what its author needs most.
     """
-    sources: list[tuple[Path, Any]] = [(output_dir / TRAINER_STATE, _from_trainer_state)]
+    final = _read_history(output_dir / TRAINER_STATE, _from_trainer_state, output_dir)
+    if final is not None:
+        return final
     checkpoint_state = _latest_checkpoint_state(output_dir) if output_dir.is_dir() else None
-    if checkpoint_state is not None:
-        sources.append((checkpoint_state, _from_trainer_state))
-    sources.append((output_dir / TRAINER_LOG, _from_trainer_log))
-
-    for path, read in sources:
-        if not path.is_file() or not _written_in_place(path, output_dir):
-            continue
-        try:
-            return read(path)
-        except Exception as exc:  # a bad file must never fail the stage: the history is optional
-            get_logger(_LOGGER).warning(
-                "loss history unreadable", path=str(path), error=f"{type(exc).__name__}: {exc}"
-            )
-    get_logger(_LOGGER).warning("no loss history", output_dir=str(output_dir))
-    return LossHistory()
+    parts = [
+        h for h in (
+            _read_history(checkpoint_state, _from_trainer_state, output_dir) if checkpoint_state else None,
+            _read_history(output_dir / TRAINER_LOG, _from_trainer_log, output_dir),
+        ) if h is not None
+    ]
+    if not parts:
+        get_logger(_LOGGER).warning("no loss history", output_dir=str(output_dir))
+    return merge_histories(*parts)
 
 
 # ---------------------------------------------------------------- artifacts

@@ -152,6 +152,10 @@ class TrainSummary(Model):
     base_model_path: str | None = None
     training_metrics: TrainingMetrics = Field(default_factory=TrainingMetrics)
     train_yaml: str = ""
+    #: The checkpoint step a redelivered training resumed from (services/trainer/checkpoints.py).
+    resumed_from_step: int | None = None
+    #: Why a redelivered training started again from step 0 although a checkpoint was saved.
+    resume_note: str | None = None
 
 
 class TrainResult(StageResult):

@@ -2,7 +2,8 @@
 its own host (a network namespace), two workers per stage, two aggregators, 24 requests of every
 kind, and a few faults (a worker SIGKILLed, the events leader's host cut off from the others for
 8 s, a worker SIGSTOPped past ack_wait, the events leader's node SIGKILLed, an aggregator
-restarted). Where namespaces cannot be made, the run stays on loopback without the partition: the
+restarted, every train worker SIGKILLed while a checkpointing training runs: it must resume).
+Where namespaces cannot be made, the run stays on loopback without the partition: the
 test checks the guarantee, then reports a skip saying why. The full run is `make chaos`."""
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ def test_chaos_smoke_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None
     assert sum(result["faults"].values()) >= 4, report  # the faults were really injected
     assert result["ok"] + sum(result["errors"].values()) == result["requests"] >= 20, report
     assert all(loss["lost"] == 0 and loss["acked"] > 0 for loss in result["ack_loss"]), report
+    # The trainer killed mid-run: its request resumed from the checkpoint uploaded before the kill.
+    assert result["faults"].get("kill_trainer") == 1 and result["resumed"] == 1, report
+    assert result["not_resumed"] == [], report
     assert proc.returncode == 0, report
     # One test, not two sharing a fixture: `make test` spreads tests over processes, and the smoke
     # must run once. Its partition part, where namespaces could not be made, is reported as a skip.

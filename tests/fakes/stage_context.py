@@ -91,13 +91,13 @@ class RecordingRunner:
 
 
 class FakeBus:
-    """What handlers use of the bus: settings, subjects, the four stores, core progress."""
+    """What handlers use of the bus: settings, subjects, the five stores, core progress."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.subjects = Subjects(settings.subject_prefix)
         self.stores = {"artifacts": MemoryArtifacts(), "cache": MemoryArtifacts(), "private": MemoryArtifacts(),
-                       "models": MemoryArtifacts()}
+                       "models": MemoryArtifacts(), "checkpoints": MemoryArtifacts()}
         self.progress: list[Progress] = []
 
     async def artifacts(self) -> MemoryArtifacts:
@@ -111,6 +111,9 @@ class FakeBus:
 
     async def models_artifacts(self) -> MemoryArtifacts:
         return self.stores["models"]
+
+    async def checkpoint_artifacts(self) -> MemoryArtifacts:
+        return self.stores["checkpoints"]
 
     async def publish_core(self, subject: str, event: Progress) -> None:
         self.progress.append(event)

@@ -412,6 +412,9 @@ def build_table() -> list[Op]:
         # Trained outputs: the one store the agent reads (`ftbus pull`); the aggregator sweeps it.
         (S.object_store_models, _users("train", "bench", "aggregate", "agent", "dashboard"),
          _users("train", "aggregate"), _users("agent", "dashboard")),
+        # Training checkpoints: trainer-private resume state; the aggregator removes ended requests'.
+        (S.object_store_checkpoints, _users("train", "aggregate", "dashboard"), _users("train", "aggregate"),
+         _users("dashboard")),
     ):
         add(f"read object {store}", obj_get(store), read_who, store)
         add(f"read object {store} (message get of its chunk)", obj_chunk_get(store), read_who, store)
@@ -443,7 +446,8 @@ async def seed(admin: Bus) -> None:
             await admin.js.publish(subject, b"{}")
     for bucket in (S.kv_requests, S.kv_status, S.kv_campaigns, *(S.kv_stage_results(stage) for stage in Stage)):
         await (await admin.kv(bucket)).put(SEED_KEY, SEED_BYTES)
-    for store in (S.object_store, S.object_store_cache, S.object_store_private, S.object_store_models):
+    for store in (S.object_store, S.object_store_cache, S.object_store_private, S.object_store_models,
+                  S.object_store_checkpoints):
         await (await admin.js.object_store(store)).put(SEED_OBJECT, SEED_BYTES)
 
 

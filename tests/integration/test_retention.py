@@ -127,3 +127,34 @@ async def test_pull_of_an_expired_model_says_it_expired_and_when(settings: Setti
         assert list(tmp_path.iterdir()) == []
     finally:
         await bus.close()
+
+
+async def test_the_sweep_removes_the_checkpoints_of_ended_requests_only(settings: Settings) -> None:
+    """A killed worker's checkpoints outlive its training: the sweep removes them once the request
+    has its verdict (or its record is long gone), never while it may still resume."""
+    from services.aggregator.retention import Retention
+    from services.aggregator.store import RecordStore
+    from shared.records import RequestRecord
+
+    bus = await Bus.connect(settings)
+    try:
+        await bus.ensure_topology()
+        checkpoints = await bus.checkpoint_artifacts()
+        records = await bus.kv(bus.subjects.kv_requests)
+        for rid, status in (("ended", "completed"), ("running", "running")):
+            await records.put(rid, RequestRecord(request_id=rid, status=status).stored_json())  # type: ignore[arg-type]
+        for rid in ("ended", "running", "forgotten"):
+            await checkpoints.put_bytes(f"{rid}/manifest.json", b"{}")
+            await checkpoints.put_bytes(f"{rid}/attempt-1/checkpoint-10/optimizer.pt", b"state")
+        retention = Retention(bus, RecordStore(bus))
+        assert await retention.sweep_checkpoints(time.time()) == ["ended"]
+        assert await checkpoints.stat("ended/manifest.json") is None
+        assert await checkpoints.stat("ended/attempt-1/checkpoint-10/optimizer.pt") is None
+        assert await checkpoints.stat("running/attempt-1/checkpoint-10/optimizer.pt") is not None
+        # No record: kept until the record would have expired anyway.
+        assert await checkpoints.stat("forgotten/manifest.json") is not None
+        later = time.time() + settings.record_max_age_s + 60
+        assert await retention.sweep_checkpoints(later) == ["forgotten"]
+        assert await checkpoints.stat("running/manifest.json") is not None
+    finally:
+        await bus.close()

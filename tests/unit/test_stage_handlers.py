@@ -151,6 +151,39 @@ async def test_training_success_keeps_outputs_and_loss(settings: Settings, tmp_p
     assert call.env["HF_HUB_OFFLINE"] == "1"
 
 
+async def test_a_checkpoint_that_does_not_load_restarts_training_from_zero(settings: Settings, tmp_path: Path) -> None:
+    """An earlier attempt's checkpoint is resumed from; when the run fails before its first step
+    (the checkpoint did not load), training runs again from step 0 and the summary says why."""
+    from services.trainer.checkpoints import CheckpointUploader, read_manifest
+
+    saved = tmp_path / "earlier" / "checkpoint-10"
+    saved.mkdir(parents=True)
+    for name in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (saved / name).write_bytes(b"x")
+    (saved / "trainer_state.json").write_text(json.dumps({"global_step": 10, "log_history": []}))
+    runner = RecordingRunner(trains())  # type: ignore[arg-type]
+    ctx = fake_context(Stage.train, settings, runner)
+    store = ctx.bus.stores["checkpoints"]  # type: ignore[attr-defined]
+    assert await CheckpointUploader(store, "r1", 1, saved.parent).upload_latest() is not None
+    train_ok = runner.script
+
+    def refuses_the_checkpoint(argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> tuple[int, str]:
+        if "resume_from_checkpoint: output/checkpoint-10" in (cwd / "train.yaml").read_text():
+            assert (cwd / "output" / "checkpoint-10" / "optimizer.pt").is_file()  # downloaded
+            return 1, "RuntimeError: Error(s) in loading state_dict\n"
+        return train_ok(argv, cwd, env)  # type: ignore[operator]
+
+    runner.script = refuses_the_checkpoint
+    [out] = await handled(trainer.handle, await _data_result(settings, ctx.bus, tmp_path), ctx)  # type: ignore[arg-type]
+    assert out.subject == ctx.subjects.completed("train"), out.event.error
+    summary = out.event.train
+    assert summary.resumed_from_step is None
+    assert "checkpoint of step 10 did not load" in (summary.resume_note or "")
+    assert "restarted from step 0" in (summary.resume_note or "")
+    assert len(runner.calls) == 2 and "resume_from_checkpoint" not in summary.train_yaml
+    assert await read_manifest(store, "r1") is None  # training ended: its checkpoints are gone
+
+
 @pytest.mark.parametrize(
     ("script", "workspace", "expected", "ran"),
     [

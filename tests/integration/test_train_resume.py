@@ -1,0 +1,90 @@
+"""A train worker killed with SIGKILL mid-run: the next worker resumes from the latest complete
+checkpoint in the checkpoints store, and the status, the verdict and the loss history say so.
+
+Stand-in llamafactory-cli (HF-like checkpoints, resume_from_checkpoint honoured); the real
+toolchain's run is tests/e2e/test_train_resume.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+
+from services.trainer.checkpoints import read_manifest, read_manifest_quietly
+from shared.codec import decode
+from shared.events import Stage, TaskSpec, TrainResult
+from shared.settings import Settings
+from tests.integration.conftest import Pipeline, write_workspace
+
+TASK = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
+REPO = Path(__file__).resolve().parents[2]
+EVERY = 5
+
+
+def _worker_env(settings: Settings) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        "PYTHONPATH": str(REPO),
+        "FTBUS_HOME": str(settings.home),
+        "FTBUS_NATS_URL": settings.nats_url,
+        "FTBUS_SUBJECT_PREFIX": settings.subject_prefix,
+        "FTBUS_ASSETS_DIR": str(settings.assets_dir),
+        "FTBUS_TOOLCHAIN_BIN": str(settings.toolchain_bin),
+        "FTBUS_SANDBOX": "local",
+        "FTBUS_ACK_WAIT_S": str(settings.ack_wait_s),
+        "FTBUS_HEARTBEAT_S": str(settings.heartbeat_s),
+        "FTBUS_TRAIN_CHECKPOINT_EVERY_STEPS": str(EVERY),
+        "FTBUS_LOG_FORMAT": "json",
+    }
+
+
+async def test_a_killed_trainer_is_resumed_from_its_latest_checkpoint(tmp_path: Path, settings: Settings) -> None:
+    settings = settings.model_copy(update={"train_checkpoint_every_steps": EVERY})
+    pipeline = Pipeline(settings)
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=_worker_env(settings),
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        await pipeline.start([Stage.data, Stage.bench, Stage.judge, Stage.aggregate])
+        assert pipeline.bus is not None and pipeline.client is not None
+        ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.3, "max_steps": 40})
+        rid = await pipeline.client.submit(ws, TASK)
+
+        store = await pipeline.bus.checkpoint_artifacts()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 180
+        while (manifest := await read_manifest_quietly(store, rid)) is None or manifest.step < 2 * EVERY:
+            assert worker.returncode is None, "the train worker exited by itself"
+            assert loop.time() < deadline, "no checkpoint of step 10 was uploaded"
+            await asyncio.sleep(0.2)
+        os.killpg(worker.pid, signal.SIGKILL)  # the worker and its training, as a lost node would
+        await asyncio.wait_for(worker.wait(), timeout=30)
+        saved = await read_manifest(store, rid)
+        assert saved is not None and saved.step >= 2 * EVERY
+
+        await pipeline.start([Stage.train])  # the replacement worker
+        verdict = await pipeline.client.wait(rid, timeout_s=240)
+        assert verdict.status == "completed", verdict.execution
+        view = await pipeline.client.status(rid)
+        assert view is not None
+        resumed = view.stages["train"].resumed_from_step
+        assert resumed is not None and resumed >= saved.step
+        assert f"resumed from step {resumed}" in verdict.execution
+
+        bucket = await pipeline.bus.kv(pipeline.bus.subjects.kv_stage_results("train"))
+        stored = msgpack.unpackb((await bucket.get(f"{rid}.train")).value, raw=False)
+        result = decode(stored[0][2], TrainResult)
+        steps = [p.step for p in result.train.training_metrics.loss_history.train]
+        assert steps == list(range(1, 41)), steps  # no gap, no repeat
+        # Training ended: its checkpoints are gone.
+        assert await read_manifest_quietly(store, rid) is None
+    finally:
+        if worker.returncode is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            await asyncio.wait_for(worker.wait(), timeout=30)
+        await pipeline.stop()
