@@ -6,6 +6,7 @@ cancelled requests, keeps no results of its own, and announces nothing).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any
 
@@ -13,13 +14,14 @@ import msgpack
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError
 
-from shared import codec
+from shared import codec, metrics
 from shared.bus import Bus
 from shared.events import CancelRequested
 from shared.handling import Outgoing, StageContext
 from shared.logs import get_logger
 from shared.records import RequestStatusView
 from shared.subjects import msg_id
+from shared.tasks import cancel_until_done
 
 if TYPE_CHECKING:
     from shared.runtime import StageWorker
@@ -156,8 +158,6 @@ class AnnounceProgress(Policy):
 
 def stage_policies() -> tuple[Policy, ...]:
     """What every stage worker does around its handler."""
-    from shared.stage_metrics import MetricsPolicy  # a Policy itself: imported once this module is
-
     return (SkipCancelled(), IdempotencyStore(), AnnounceProgress(), MetricsPolicy())
 
 
@@ -173,3 +173,48 @@ async def is_cancelled(bus: Bus, request_id: str) -> bool:
     return view.cancel_requested or view.status == "cancelled"
 
 
+class MetricsPolicy(Policy):
+    """Each handling's duration and outcome, the handlings in flight, redeliveries, and the stage
+    consumer's queue, read from the server (JetStream's consumer info) every ``metrics_poll_s``: one
+    request per worker per interval, whether or not anything scrapes it (shared/metrics.py)."""
+
+    def __init__(self) -> None:
+        self._poll: asyncio.Task[None] | None = None
+
+    async def start(self, worker: StageWorker) -> None:
+        if worker.bus.settings.metrics_enabled:
+            self._poll = asyncio.create_task(_follow_queue(worker), name=f"metrics-{worker.durable}")
+
+    async def stop(self) -> None:
+        if self._poll is not None:
+            await cancel_until_done([self._poll])
+
+    async def started(self, ctx: StageContext) -> None:
+        metrics.IN_FLIGHT.labels(metrics.stage_label(ctx.stage)).inc()
+        if ctx.deliveries > 1:
+            metrics.REDELIVERIES.labels(metrics.stage_label(ctx.stage)).inc()
+
+    async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
+        metrics.stage_done(ctx.stage, metrics.outcome_of(outgoing), metrics.since(ctx.started_at))
+
+    async def retrying(self, ctx: StageContext, exc: Exception) -> None:
+        metrics.stage_done(ctx.stage, "infrastructure_failure", metrics.since(ctx.started_at))
+
+    async def cancelled(self, ctx: StageContext) -> None:
+        metrics.stage_done(ctx.stage, "cancelled", metrics.since(ctx.started_at))
+
+    def ended(self, ctx: StageContext) -> None:
+        metrics.IN_FLIGHT.labels(metrics.stage_label(ctx.stage)).dec()
+
+
+async def _follow_queue(worker: StageWorker) -> None:
+    """The worker's consumer, as the server says, every ``metrics_poll_s`` until cancelled."""
+    while True:
+        try:
+            info = await worker.bus.js.consumer_info(worker.stream, worker.durable, timeout=5)
+            metrics.queue_seen(worker.stage, worker.durable, info)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # no consumer yet, the server away: the next read may work
+            log.debug("consumer info for the metrics not read", consumer=worker.durable, error=str(exc))
+        await asyncio.sleep(worker.bus.settings.metrics_poll_s)

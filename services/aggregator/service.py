@@ -42,9 +42,9 @@ from shared.events import (
     StageResult,
 )
 from shared.logs import get_logger
+from shared.policies import MetricsPolicy
 from shared.records import RequestRecord
 from shared.runtime import Outgoing, StageContext, StageWorker, always_dead_letter, never_dead_letter
-from shared.stage_metrics import MetricsPolicy
 from shared.stagespec import StageSpec
 from shared.tasks import cancel_until_done
 
