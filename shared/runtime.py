@@ -13,8 +13,9 @@ the load). For each message:
 - handler returns         -> results stored under (request_id, stage), published with
                              ``Nats-Msg-Id = <request_id>:<stage>:<kind>``, then ack. A candidate's
                              failure is such a result: published and acked, never retried;
-- handler raises          -> an infrastructure error: nak with backoff, up to ``max_deliver``;
-                             after that the server's MAX_DELIVERIES advisory reaches the aggregator.
+- handler raises          -> an infrastructure error: nak with backoff, up to ``max_deliver``
+                             attempts: counted by a stage's worker (shared/attempts.py), else by the
+                             server, whose MAX_DELIVERIES advisory reaches the aggregator.
 
 While a handler runs, ``in_progress()`` is sent every ``heartbeat_s`` so that ack_wait only
 expires when the worker is really gone, and the message then goes to another worker.
@@ -41,7 +42,7 @@ from runners.base import Runner
 from shared import codec
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
-from shared.consumer import Slot, consume
+from shared.consumer import UNLIMITED, Slot, consume
 from shared.events import CancelRequested, DeadLetter, Progress, Stage, StageRun
 from shared.logs import bound, get_logger
 from shared.records import RequestStatusView
@@ -149,6 +150,9 @@ def _stage_key(request_id: str, stage: Stage) -> str:
 class Policy:
     """Hooks around one message's handling; each defaults to doing nothing."""
 
+    #: True: this policy counts the attempts (the consumer's ``max_deliver`` is then unlimited).
+    counts_attempts = False
+
     async def start(self, worker: StageWorker) -> None:
         """The worker starts (before any message)."""
 
@@ -158,6 +162,10 @@ class Policy:
     async def skip(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
         """True: the message needs no handling (it is acked as it is). Every policy is asked, at once."""
         return False
+
+    async def claim(self, worker: StageWorker, msg: Msg, request_id: str, deliveries: int) -> bool:
+        """Before the handler: False when the policy settled the message (naked, terminated) instead."""
+        return True
 
     async def started(self, ctx: StageContext) -> None:
         """The handler starts."""
@@ -172,7 +180,10 @@ class Policy:
         """The events are published and the message acked."""
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        """The handler raised: the message is naked for another attempt."""
+        """The handler raised, or its results were not published: the message is naked for another attempt."""
+
+    async def abandoned(self, ctx: StageContext) -> None:
+        """The handling was cancelled: by request (acked), or this worker stops (naked)."""
 
 
 class IdempotencyStore(Policy):
@@ -359,8 +370,10 @@ class StageWorker:
         try:
             # On stop, do not finish a training that may take hours: the loops are cancelled (the
             # runner kills its process tree) and the message naked, so another worker takes it.
+            counted_here = any(policy.counts_attempts for policy in self.policies)
             await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
-                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage)
+                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage,
+                          max_deliver=UNLIMITED if counted_here else None)
         finally:
             for policy in self.policies:
                 await policy.stop()
@@ -398,6 +411,9 @@ class StageWorker:
             if any(await asyncio.gather(*(policy.skip(self, request_id, deliveries) for policy in self.policies))):
                 await msg.ack()
                 return
+            for policy in self.policies:
+                if not await policy.claim(self, msg, request_id, deliveries):
+                    return
             ctx = StageContext(
                 self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
                 self._workdirs, subject=msg.subject, slot=slot,
@@ -426,16 +442,22 @@ class StageWorker:
         try:
             outgoing = await handling
         except asyncio.CancelledError:
-            if request_id in self._cancelled:
-                # The user cancelled it: the aggregator publishes the verdict; the work is over.
-                log.info("stage cancelled by request")
-                await msg.ack()
-                await ctx.progress("failed", message="cancelled")
-                return
-            # This worker is shutting down: let another one take the message at once.
-            with contextlib.suppress(Exception):
-                await msg.nak()
-            raise
+            try:
+                for policy in self.policies:  # before the nak: the next delivery finds the request free
+                    with contextlib.suppress(Exception):
+                        await policy.abandoned(ctx)
+            finally:
+                if request_id not in self._cancelled:
+                    # This worker is shutting down: let another one take the message at once.
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+            if request_id not in self._cancelled:
+                raise
+            # The user cancelled it: the aggregator publishes the verdict; the work is over.
+            log.info("stage cancelled by request")
+            await msg.ack()
+            await ctx.progress("failed", message="cancelled")
+            return
         except Exception as exc:
             delay = self._backoff(deliveries)
             log.exception("infrastructure error, will retry", delay_s=delay, delivery=deliveries)
@@ -459,8 +481,11 @@ class StageWorker:
                 *(policy.done(ctx, outgoing) for policy in self.policies),
             )
             await msg.ack()
-        except Exception:
+        except Exception as exc:
             log.exception("publishing results failed, will retry")
+            for policy in self.policies:
+                with contextlib.suppress(Exception):
+                    await policy.retrying(ctx, exc)
             with contextlib.suppress(Exception):
                 await msg.nak(delay=self._backoff(deliveries))
             return
