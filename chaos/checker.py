@@ -4,8 +4,11 @@
     duplicated  the verdict stream holds more than one verdict for it, or two verdicts that
                 differ were published for it (identical republications are counted apart: the
                 stream's one-message-per-subject rule absorbs them)
-    wrong       a verdict that is not the one its kind must get; an error verdict is allowed only
-                when a stage exhausted max_deliver (counted with its reason)
+    wrong       a verdict that is not the one its kind must get
+    errors      an error verdict (counted by stage and reason): no request may get one, not even
+                after its stage used up max_deliver; partitions and kills use up no attempt of a
+                request whose handling went on (shared/attempts.py), and the run kills no worker
+                more than max_deliver times on one request
     unsubmitted every submit attempt failed (the client was told: not a lost request, but reported)
     leftovers   processes of the run (candidates, workers, undertakers, servers) alive after it, and
                 its network namespaces or links still there
@@ -50,8 +53,8 @@ class Result:
 
     @property
     def failed(self) -> bool:
-        return bool(self.lost or self.duplicated or self.wrong or self.unsubmitted or self.leftovers or self.crashed
-                    or self.stale_views or self.not_resumed)
+        return bool(self.lost or self.duplicated or self.wrong or self.errors or self.unsubmitted or self.leftovers
+                    or self.crashed or self.stale_views or self.not_resumed)
 
     def percentile(self, q: float) -> float | None:
         if not self.latencies:
@@ -71,7 +74,7 @@ class Result:
             ("duplicated", f"{len(self.duplicated)} {self.duplicated[:5] if self.duplicated else ''}"),
             ("identical republications", f"{self.republished} (absorbed by the verdict stream)"),
             ("wrong", f"{len(self.wrong)} {self.wrong[:5] if self.wrong else ''}"),
-            ("error verdicts (max_deliver)", ", ".join(f"{k}: {v}" for k, v in self.errors.items()) or "0"),
+            ("error verdicts", ", ".join(f"{k}: {v}" for k, v in self.errors.items()) or "0"),
             ("unsubmitted", f"{len(self.unsubmitted)} {self.unsubmitted[:5] if self.unsubmitted else ''}"),
             ("leftovers", f"{len(self.leftovers)} {self.leftovers[:5] if self.leftovers else ''}"),
             ("workers that crashed", f"{len(self.crashed)} {self.crashed[:5] if self.crashed else ''}"),
@@ -116,11 +119,8 @@ def check(requests: list[Request], stream_counts: dict[str, int], published: dic
         if req.latency_s is not None:
             result.latencies.append(req.latency_s)
         if verdict.status == "error":
-            if "max_deliver" in verdict.execution:
-                stage = verdict.failed_stage if verdict.failed_stage else "?"
-                result.errors[f"{stage} max_deliver"] += 1
-                continue
-            result.wrong.append(f"{req.rid} ({req.kind}: error {verdict.execution[:60]})")
+            reason = "max_deliver" if "max_deliver" in verdict.execution else verdict.execution[:60]
+            result.errors[f"{verdict.failed_stage or '?'} {reason}"] += 1
             continue
         if EXPECTED[req.kind].matches(verdict):
             result.ok += 1

@@ -298,14 +298,17 @@ class Bus:
         return store
 
     async def ensure_consumer(
-        self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None
+        self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None,
+        max_deliver: int | None = None,
     ) -> None:
+        """``max_deliver``: None for the setting's; -1 (unlimited) for a stage's consumer, whose
+        workers count the attempts themselves (shared/attempts.py)."""
         cfg = self.settings
         config = api.ConsumerConfig(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=ack_wait or cfg.ack_wait_s,
-            max_deliver=cfg.max_deliver,
+            max_deliver=cfg.max_deliver if max_deliver is None else max_deliver,
             max_ack_pending=1000,
             deliver_policy=api.DeliverPolicy.ALL,
         )

@@ -42,6 +42,8 @@ log = get_logger("ftbus.consumer")
 FETCH_WAIT_S = 2.0
 #: A message whose handling failed on a bus error (not the handler's verdict) comes back after this.
 ERROR_NAK_S = 2.0
+#: ``max_deliver`` of a consumer whose worker counts the attempts itself (shared/attempts.py).
+UNLIMITED = -1
 
 
 class Slot:
@@ -74,12 +76,15 @@ async def consume(
     concurrency: int = 1,
     device_slots: int | None = None,
     what: str = "",
+    max_deliver: int | None = None,
 ) -> None:
     """Hand ``durable``'s messages to ``on_message(msg, slot)``, up to ``concurrency`` at once (with
     ``device_slots``, each fetched only while it holds one of them), until ``stop`` is set or the
-    loop fails. ``bus``: a :class:`shared.bus.Bus` (its ``ensure_consumer`` and ``js``)."""
+    loop fails. ``bus``: a :class:`shared.bus.Bus` (its ``ensure_consumer`` and ``js``).
+    ``max_deliver``: the consumer's, None for the setting's, :data:`UNLIMITED` when the worker counts."""
     # A cluster electing leaders answers slowly for a few seconds: no reason for a worker to exit.
-    await retry_transient(lambda: bus.ensure_consumer(stream, durable, list(filters)), durable)
+    await retry_transient(lambda: bus.ensure_consumer(stream, durable, list(filters), max_deliver=max_deliver),
+                          durable)
     psub = await bus.js.pull_subscribe_bind(durable, stream)
     fetching = asyncio.create_task(_fetch_loop(psub, on_message, stop, max(1, concurrency), device_slots,
                                                durable, what))

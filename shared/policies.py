@@ -36,6 +36,9 @@ def _stage_key(request_id: str, stage: str) -> str:
 class Policy:
     """Hooks around one message's handling; each defaults to doing nothing."""
 
+    #: True: this policy counts the attempts (the consumer's ``max_deliver`` is then unlimited).
+    counts_attempts = False
+
     async def start(self, worker: StageWorker) -> None:
         """The worker starts (before any message)."""
 
@@ -45,6 +48,10 @@ class Policy:
     async def skip(self, worker: StageWorker, request_id: str, deliveries: int) -> bool:
         """True: the message needs no handling (it is acked as it is). Every policy is asked, at once."""
         return False
+
+    async def claim(self, worker: StageWorker, msg: Msg, request_id: str, deliveries: int) -> bool:
+        """Before the handler: False when the policy settled the message (naked, terminated) instead."""
+        return True
 
     async def started(self, ctx: StageContext) -> None:
         """The handler starts."""
@@ -59,7 +66,10 @@ class Policy:
         """The events are published and the message acked."""
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        """The handler raised: the message is naked for another attempt."""
+        """The handler raised, or its results were not published: the message is naked for another attempt."""
+
+    async def abandoned(self, ctx: StageContext) -> None:
+        """The handling was cancelled: by request (acked), or this worker stops (naked)."""
 
     async def cancelled(self, ctx: StageContext) -> None:
         """The request was cancelled while the handler ran: the message is acked, nothing published."""

@@ -16,8 +16,9 @@ the load). For each message:
                              under (request_id, stage), published with
                              ``Nats-Msg-Id = <request_id>:<stage>:<kind>``, then ack. A candidate's
                              failure is such a result: published and acked, never retried;
-- handler raises          -> an infrastructure error: nak with backoff, up to ``max_deliver``;
-                             after that the server's MAX_DELIVERIES advisory reaches the aggregator.
+- handler raises          -> an infrastructure error: nak with backoff, up to ``max_deliver``
+                             attempts: counted by a stage's worker (shared/attempts.py), else by the
+                             server, whose MAX_DELIVERIES advisory reaches the aggregator.
 
 While a handler runs, ``in_progress()`` is sent every ``heartbeat_s`` so that ack_wait only
 expires when the worker is really gone, and the message then goes to another worker.
@@ -43,7 +44,7 @@ from pydantic import BaseModel
 from runners.base import Runner
 from shared import codec
 from shared.bus import Bus
-from shared.consumer import Slot, consume
+from shared.consumer import UNLIMITED, Slot, consume
 from shared.events import DeadLetter, StageRun
 from shared.handling import Handler, Outgoing, StageContext
 from shared.logs import bound, get_logger
@@ -171,8 +172,10 @@ class StageWorker:
         try:
             # On stop, do not finish a training that may take hours: the loops are cancelled (the
             # runner kills its process tree) and the message naked, so another worker takes it.
+            counted_here = any(policy.counts_attempts for policy in self.policies)
             await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
-                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage)
+                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage,
+                          max_deliver=UNLIMITED if counted_here else None)
         finally:
             for policy in self.policies:
                 await policy.stop()
@@ -210,6 +213,9 @@ class StageWorker:
             if any(await asyncio.gather(*(policy.skip(self, request_id, deliveries) for policy in self.policies))):
                 await msg.ack()
                 return
+            for policy in self.policies:
+                if not await policy.claim(self, msg, request_id, deliveries):
+                    return
             ctx = StageContext(
                 self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
                 self._workdirs, subject=msg.subject, slot=slot, row=self.row,
@@ -240,18 +246,24 @@ class StageWorker:
         try:
             returned = await handling
         except asyncio.CancelledError:
-            if request_id in self._cancelled:
-                # The user cancelled it: the aggregator publishes the verdict; the work is over.
-                log.info("stage cancelled by request")
-                await msg.ack()
-                for policy in self.policies:
-                    await policy.cancelled(ctx)
-                await ctx.progress("failed", message="cancelled")
-                return
-            # This worker is shutting down: let another one take the message at once.
-            with contextlib.suppress(Exception):
-                await msg.nak()
-            raise
+            try:
+                for policy in self.policies:  # before the nak: the next delivery finds the request free
+                    with contextlib.suppress(Exception):
+                        await policy.abandoned(ctx)
+            finally:
+                if request_id not in self._cancelled:
+                    # This worker is shutting down: let another one take the message at once.
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+            if request_id not in self._cancelled:
+                raise
+            # The user cancelled it: the aggregator publishes the verdict; the work is over.
+            log.info("stage cancelled by request")
+            await msg.ack()
+            for policy in self.policies:
+                await policy.cancelled(ctx)
+            await ctx.progress("failed", message="cancelled")
+            return
         except Exception as exc:
             delay = self._backoff(deliveries)
             log.exception("infrastructure error, will retry", delay_s=delay, delivery=deliveries)
@@ -275,8 +287,11 @@ class StageWorker:
                 *(policy.done(ctx, outgoing) for policy in self.policies),
             )
             await msg.ack()
-        except Exception:
+        except Exception as exc:
             log.exception("publishing results failed, will retry")
+            for policy in self.policies:
+                with contextlib.suppress(Exception):
+                    await policy.retrying(ctx, exc)
             with contextlib.suppress(Exception):
                 await msg.nak(delay=self._backoff(deliveries))
             return

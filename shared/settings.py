@@ -94,7 +94,12 @@ class Settings(BaseSettings):
     )
     ack_wait_s: float = Field(default=60.0, gt=0, description="Redelivery deadline of an unacked message.")
     heartbeat_s: float = Field(default=15.0, gt=0, description="in_progress() interval; keep < ack_wait_s.")
-    max_deliver: int = Field(default=5, ge=1, description="Attempts before a message is dead-lettered.")
+    max_deliver: int = Field(
+        default=5, ge=1,
+        description="Attempts of a stage on one request before it is dead-lettered (an error verdict naming the "
+        "stage). Only real attempts count: the handler raised, or its worker died during it; a worker cut off "
+        "while its handling went on, a delivery that met a live attempt, or a worker stopped do not "
+        "(docs/design.md §5). The aggregator's own consumers count deliveries.")
     stage_concurrency: dict[str, int] = Field(
         default_factory=dict,
         description="Messages one worker of a stage handles at once, by stage (data, train, bench, judge, "

@@ -25,6 +25,7 @@ from runners.choice import make_runner
 from runners.limit import LimitedRunner
 from runners.metered import MeteredRunner
 from runners.quota import with_quota
+from shared.attempts import AttemptLimit
 from shared.events import FailedStage, Timeouts
 from shared.logs import get_logger
 from shared.runtime import Handler, Policy, StageWorker, stage_policies
@@ -113,8 +114,8 @@ class StageSpec:
     #: messages per slot, so that the next one starts as the last one's device work ends instead
     #: of after its uploads (shared/consumer.py).
     device_phase: bool = False
-    #: Policies its worker runs besides :func:`shared.runtime.stage_policies` (e.g. the bench
-    #: worker's warm engine, stopped when the worker stops).
+    #: Policies its worker runs besides :func:`shared.runtime.stage_policies` and the attempt
+    #: count (shared/attempts.py), e.g. the bench worker's warm engine, stopped when the worker stops.
     extra_policies: Callable[[], Sequence[Policy]] = tuple
     # ---- what the rest of the pipeline knows of it
     #: The event it publishes on ``<stage>.completed`` (and ``<stage>.failed``); None: it
@@ -224,7 +225,7 @@ class StageSpec:
         if not filters:  # a consumer without filters would read every stage's events
             raise ValueError(f"the {self.stage} stage reads nothing in this pipeline: no stage leads to it")
         if policies is None:
-            policies = (*stage_policies(), *self.extra_policies())
+            policies = (*stage_policies(), AttemptLimit(), *self.extra_policies())
         slots = concurrency if self.device_phase else None
         return StageWorker(bus, self.stage, self.handler, self.accepted(pipeline),
                            concurrency=2 * concurrency if self.device_phase else concurrency,

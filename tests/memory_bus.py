@@ -283,6 +283,7 @@ class MemoryConsumer:
         self.filters, self.ack_wait = list(filters), ack_wait
         self.tracks: dict[int, Tracking] = {}
         self.delivered = 0
+        self.max_deliver = bus.settings.max_deliver  # -1: unlimited
         self.wake = asyncio.Event()
 
     def wants(self, subject: str) -> bool:
@@ -339,7 +340,7 @@ class MemoryConsumer:
                 continue
             elif track.due > now:
                 next_due = track.due if next_due is None else min(next_due, track.due)
-            elif track.delivered >= self.bus.settings.max_deliver:
+            elif 0 < self.max_deliver <= track.delivered:
                 self._give_up(track)
             else:
                 return self._deliver(stored, track, len(fresh)), None
@@ -549,12 +550,13 @@ class MemoryBus:
         return self._store(self.subjects.object_store_models)
 
     async def ensure_consumer(self, stream: str, durable: str, filters: list[str], *,
-                              ack_wait: float | None = None) -> None:
+                              ack_wait: float | None = None, max_deliver: int | None = None) -> None:
         consumer = self.consumers.get((stream, durable))
         if consumer is None:
             consumer = MemoryConsumer(self, self.streams[stream], durable, filters, 0.0)
             self.consumers[(stream, durable)] = consumer
         consumer.filters, consumer.ack_wait = list(filters), ack_wait or self.settings.ack_wait_s
+        consumer.max_deliver = self.settings.max_deliver if max_deliver is None else max_deliver
 
     async def publish(self, subject: str, event: BaseModel, msg_id: str | None = None, *, retries: int = 5) -> PubAck:
         return await self.publish_payload(subject, codec.encode(event), msg_id)

@@ -1,6 +1,12 @@
-"""The server's MAX_DELIVERIES advisories: a stage gave up on a message after ``max_deliver``
-attempts. Each becomes a dead letter naming the stage, which the aggregator's dead-letter consumer
-turns into an error verdict (the advisories stream keeps them while no aggregator runs)."""
+"""The server's MAX_DELIVERIES advisories: a consumer whose deliveries the server counts gave up on
+a message after ``max_deliver`` of them. Each becomes a dead letter naming the stage, which the
+aggregator's dead-letter consumer turns into an error verdict (the advisories stream keeps them
+while no aggregator runs).
+
+Since the stage workers count their attempts themselves (shared/attempts.py: their consumers
+deliver without limit, and a worker dead-letters a request whose real attempts are used up), the
+advisories come from the aggregator's own consumers (events, test results, dead letters), and
+from a stage consumer that an older worker, which still let the server count, set up again."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ def test_chaos_smoke_loses_duplicates_and_leaves_nothing(tmp_path: Path) -> None
     assert result["lost"] == [] and result["duplicated"] == [] and result["wrong"] == [], report
     assert result["unsubmitted"] == [] and result["leftovers"] == [], report  # namespaces and links too
     assert sum(result["faults"].values()) >= 4, report  # the faults were really injected
-    assert result["ok"] + sum(result["errors"].values()) == result["requests"] >= 20, report
+    assert result["errors"] == {}, report  # no error verdict: the faults use up no request's attempts
+    assert result["ok"] == result["requests"] >= 20, report
     assert all(loss["lost"] == 0 and loss["acked"] > 0 for loss in result["ack_loss"]), report
     # The trainer killed mid-run: its request resumed from the checkpoint uploaded before the kill.
     assert result["faults"].get("kill_trainer") == 1 and result["resumed"] == 1, report

@@ -84,6 +84,8 @@ async def stored_verdict(bus: Bus, request_id: str) -> Verdict:
 
 async def dead_letters(bus: Bus) -> list[DeadLetter]:
     info = await bus.js.stream_info(bus.subjects.stream_dlq)
+    if not info.state.messages:
+        return []  # an empty stream says first_seq 0, which no message has
     letters = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         with contextlib.suppress(NotFoundError):

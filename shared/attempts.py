@@ -1,0 +1,210 @@
+"""Which attempts count against a request: the stage worker counts them, not the server
+(docs/design.md, §5).
+
+A stage's consumer delivers a message without limit (``max_deliver: -1`` on the server): a
+delivery lost to the infrastructure (a worker cut off from its consumer past ``ack_wait_s`` while
+its handler went on, a redelivery that met a live attempt, one that never reached a handler) must
+not use up a candidate's attempts. The worker keeps one record per (request, stage) in the stage's
+own results bucket, key ``<request_id>.<stage>.attempts``, written with compare-and-set:
+
+- ``holder``: the handling running now (worker and delivery), and ``beat_at``, when it last said
+  so (its heartbeat writes it, every ``heartbeat_s``, by its own clock);
+- ``failed``: handlings whose handler raised (an infrastructure error);
+- ``lost``: holders that went silent (no beat for ``ack_wait_s / 2``) and were taken over: a worker
+  that died during the handling. A holder that was only cut off (a partition) and beats again, or
+  ends, takes itself off this list: it was alive.
+
+Before a handler runs, :meth:`AttemptLimit.claim` reads the record: a live holder elsewhere makes
+this delivery wait (naked for ``ack_wait_s``: the same request never runs twice at once while its
+first attempt is heard from); a silent one is counted lost and taken over; once ``failed + lost``
+reaches ``max_deliver`` the worker publishes the dead letter (the aggregator turns it into the
+error verdict naming the stage) and terminates the message.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.events import DeadLetter
+from shared.handling import StageContext
+from shared.logs import get_logger
+from shared.policies import Policy
+
+if TYPE_CHECKING:
+    from shared.runtime import StageWorker
+
+log = get_logger("ftbus.attempts")
+
+#: Compare-and-set tries of one claim before the delivery is left to come back.
+CLAIM_TRIES = 5
+
+
+class Attempts(BaseModel):
+    """The attempts record of one (request, stage)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    holder: str | None = None
+    beat_at: float = 0.0
+    failed: int = 0
+    lost: list[str] = Field(default_factory=list)
+    last_error: str = ""
+
+    @property
+    def counted(self) -> int:
+        """The attempts that count against the request."""
+        return self.failed + len(self.lost)
+
+
+def attempts_key(request_id: str, stage: str) -> str:
+    return f"{request_id}.{stage}.attempts"
+
+
+class AttemptLimit(Policy):
+    """Counts a request's real attempts at this stage, and gives up after ``max_deliver`` of them.
+    Every stage worker has it (shared/stagespec.py); the aggregator's consumers leave the count to
+    the server."""
+
+    counts_attempts = True
+
+    def __init__(self) -> None:
+        #: This process's name in the records: host, pid and a random tail (a pid is reused).
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        #: request id -> this worker's holder name of the handling it runs.
+        self._held: dict[str, str] = {}
+        self._bucket = ""
+
+    # ------------------------------------------------------------------ the Policy hooks
+
+    async def start(self, worker: StageWorker) -> None:
+        self._bucket = worker.bus.subjects.kv_stage_results(worker.stage)
+
+    async def claim(self, worker: StageWorker, msg: Msg, request_id: str, deliveries: int) -> bool:
+        """True: this worker holds the request's attempt, the handler runs. False: the message is
+        taken care of here (naked while another attempt lives, or dead-lettered and terminated)."""
+        kv = await worker.bus.kv(self._bucket)
+        key = attempts_key(request_id, worker.stage)
+        settings = worker.bus.settings
+        me = f"{self.worker_id}#{deliveries}"
+        for _ in range(CLAIM_TRIES):
+            record, revision = await _read(kv, key)
+            if record.holder is not None:
+                age = time.time() - record.beat_at
+                if age < settings.ack_wait_s / 2:
+                    log.info("another attempt is running, this delivery waits", holder=record.holder,
+                             beat_age_s=round(age, 1), delivery=deliveries)
+                    await msg.nak(delay=settings.ack_wait_s)
+                    return False
+                log.warning("the running attempt went silent: counted as lost, taken over",
+                            holder=record.holder, beat_age_s=round(age, 1), delivery=deliveries)
+                record.lost.append(record.holder)
+                record.holder = None
+            if record.counted >= settings.max_deliver:
+                await self._give_up(worker, msg, request_id, record)
+                return False
+            record.holder, record.beat_at = me, time.time()
+            if await _write(kv, key, record, revision):
+                self._held[request_id] = me
+                return True
+        log.warning("the attempts record kept changing, the delivery comes back later", delivery=deliveries)
+        await msg.nak(delay=settings.ack_wait_s)
+        return False
+
+    async def beat(self, worker: StageWorker, request_id: str) -> None:
+        """The holder says it lives; a holder taken over while it was cut off takes itself off
+        ``lost`` (a partition is not a death). A lost compare-and-set waits for the next beat."""
+        me = self._held.get(request_id)
+        if me is None:
+            return
+        kv = await worker.bus.kv(self._bucket)
+        key = attempts_key(request_id, worker.stage)
+        record, revision = await _read(kv, key)
+        if record.holder == me:
+            record.beat_at = time.time()
+        elif me in record.lost:
+            log.warning("this attempt was taken over while this worker was cut off; it is alive, so it "
+                        "does not count", holder=record.holder)
+            record.lost.remove(me)
+        else:
+            return
+        await _write(kv, key, record, revision)
+
+    async def retrying(self, ctx: StageContext, exc: Exception) -> None:
+        """The handler raised: one attempt counted."""
+        await self._release(ctx, failed=True, error=f"{type(exc).__name__}: {exc}")
+
+    async def finished(self, ctx: StageContext, outgoing: list[Any]) -> None:
+        """The results are out and the message acked."""
+        await self._release(ctx)
+
+    async def abandoned(self, ctx: StageContext) -> None:
+        """Cancelled by request, or this worker stops: not counted, the next delivery runs at once."""
+        await self._release(ctx)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _release(self, ctx: StageContext, *, failed: bool = False, error: str = "") -> None:
+        me = self._held.pop(ctx.request_id, None)
+        if me is None:
+            return
+        kv = await ctx.bus.kv(self._bucket)
+        key = attempts_key(ctx.request_id, ctx.stage)
+        try:
+            for _ in range(CLAIM_TRIES):
+                record, revision = await _read(kv, key)
+                if me in record.lost:  # taken over while cut off: it ended, so it was alive
+                    record.lost.remove(me)
+                if record.holder == me:
+                    record.holder = None
+                if failed:
+                    record.failed += 1
+                    record.last_error = error[:500]
+                if await _write(kv, key, record, revision):
+                    return
+        except Exception as exc:  # the holder goes silent instead: the next delivery counts it lost
+            log.warning("the attempts record could not be updated", error=str(exc))
+
+    async def _give_up(self, worker: StageWorker, msg: Msg, request_id: str, record: Attempts) -> None:
+        stage, settings = worker.stage, worker.bus.settings
+        reason = (f"the {stage} stage failed {record.counted} times (max_deliver {settings.max_deliver}): "
+                  f"{record.failed} raised, {len(record.lost)} workers lost during it; last error: "
+                  f"{record.last_error or 'none recorded'}; the errors are in that stage's worker logs")
+        log.error("attempts used up, dead-lettering", reason=reason)
+        seq = msg.metadata.sequence.stream if msg.metadata else 0
+        letter = DeadLetter(request_id=request_id, original_subject=msg.subject, stage=stage, reason=reason,
+                            payload=bytes(msg.data[:65536]), deliveries=record.counted)
+        # The id a MAX_DELIVERIES advisory of the same message would give it: one letter.
+        await worker.bus.publish(worker.bus.subjects.dlq, letter, f"dlq:{worker.stream}:{seq}:{worker.durable}")
+        await msg.term()
+
+
+async def _read(kv: Any, key: str) -> tuple[Attempts, int | None]:
+    """The record and its revision; a new record and None when there is none."""
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        return Attempts(), None
+    if not entry.value:
+        return Attempts(), entry.revision
+    return Attempts.model_validate_json(entry.value), entry.revision
+
+
+async def _write(kv: Any, key: str, record: Attempts, revision: int | None) -> bool:
+    """Compare-and-set; False when another writer came first."""
+    value = record.model_dump_json().encode()
+    try:
+        if revision is None:
+            await kv.create(key, value)
+        else:
+            await kv.update(key, value, last=revision)
+    except KeyWrongLastSequenceError:
+        return False
+    return True

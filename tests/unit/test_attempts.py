@@ -1,0 +1,101 @@
+"""The attempt count of a stage worker (shared/attempts.py) on the in-memory bus: a handler that
+raises uses up the attempts and the worker itself dead-letters the request; a delivery that meets
+a live attempt runs nothing and counts nothing; a silent holder is counted lost and taken over; a
+worker that stops counts nothing. The real-server versions, with links cut: tests/integration/test_attempts.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shared.attempts import AttemptLimit, Attempts, attempts_key
+from shared.events import DataResult, DeadLetter, Stage
+from shared.runtime import StageContext, StageWorker, stage_policies
+from tests.memory_bus import MemoryBus, memory_settings, running
+from tests.unit.test_stage_worker import Counting, durable, results, send, train_worker
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[MemoryBus]:
+    # An ack wait (the delay of a delivery that waits for a live attempt) that is not the consumer
+    # loop's error delay, which this bus counts as an error.
+    bus = MemoryBus(memory_settings(tmp_path, ack_wait_s=3.0))
+    yield bus
+    await bus.close()
+    assert bus.errors == [], "the bus caught errors around a handler or a callback"
+
+
+def counting_worker(bus: MemoryBus, handler: Counting) -> StageWorker:
+    """The train worker with a stage's policies (shared/stagespec.py): the attempts counted here."""
+    worker = train_worker(bus, handler)
+    worker.policies = (*stage_policies(), AttemptLimit())
+    return worker
+
+
+async def attempts_of(bus: MemoryBus, rid: str) -> Attempts:
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    return Attempts.model_validate_json((await kv.get(attempts_key(rid, Stage.train))).value)
+
+
+async def test_a_handler_that_always_raises_uses_up_the_attempts_and_the_worker_dead_letters_it(bus: MemoryBus) -> None:
+    async def always(event: DataResult, ctx: StageContext) -> None:
+        raise ConnectionError("the artifact store is away")
+
+    handler = Counting(always)
+    s = bus.subjects
+    async with running(bus, counting_worker(bus, handler)):
+        ack = await send(bus, "doomed-1")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).termed, what="the message terminated")
+    assert handler.runs == [("doomed-1", n) for n in range(1, bus.settings.max_deliver + 1)]
+    assert bus.consumer(durable(bus)).max_deliver == -1  # the server counts nothing: the worker does
+    assert results(bus) == [] and bus.messages(s.max_deliveries_advisory(s.stream_events, durable(bus))) == []
+    [letter] = bus.events(s.dlq, DeadLetter)
+    assert (letter.request_id, letter.stage, letter.deliveries) == ("doomed-1", Stage.train, bus.settings.max_deliver)
+    [original] = bus.messages(s.completed("data"))
+    assert letter.original_subject == original.subject and letter.payload == original.data
+    assert f"{bus.settings.max_deliver} raised" in letter.reason and "the artifact store is away" in letter.reason
+    record = await attempts_of(bus, "doomed-1")
+    assert (record.failed, record.lost, record.holder) == (bus.settings.max_deliver, [], None)
+
+
+async def test_a_delivery_that_meets_a_live_attempt_waits_and_a_silent_one_is_taken_over_and_counted(
+    bus: MemoryBus,
+) -> None:
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    key = attempts_key("busy-1", Stage.train)
+    # Another worker holds the request and beats: its message came back (its in_progress was lost).
+    await kv.create(key, Attempts(holder="elsewhere#1", beat_at=time.time()).model_dump_json().encode())
+    handler = Counting()
+    async with running(bus, counting_worker(bus, handler)):
+        ack = await send(bus, "busy-1")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).naks == 1, what="the delivery naked")
+        assert handler.runs == []
+        assert (await attempts_of(bus, "busy-1")).counted == 0
+        # The holder goes silent (its worker died): the next delivery counts it lost and runs.
+        entry = await kv.get(key)
+        stale = Attempts(holder="elsewhere#1", beat_at=time.time() - bus.settings.ack_wait_s)
+        await kv.update(key, stale.model_dump_json().encode(), last=entry.revision)
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, timeout=30, what="the takeover acked")
+    assert handler.runs == [("busy-1", 2)] and len(results(bus)) == 1
+    record = await attempts_of(bus, "busy-1")
+    assert (record.lost, record.failed, record.holder) == (["elsewhere#1"], 0, None)
+
+
+async def test_a_worker_that_stops_during_the_handling_counts_no_attempt(bus: MemoryBus) -> None:
+    started = asyncio.Event()
+
+    async def long(event: DataResult, ctx: StageContext) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async with running(bus, counting_worker(bus, Counting(long))):
+        ack = await send(bus, "stopped-1")
+        await bus.wait_for(started.is_set, what="the handler started")
+        assert (await attempts_of(bus, "stopped-1")).holder is not None
+    record = await attempts_of(bus, "stopped-1")
+    assert (record.holder, record.counted) == (None, 0)  # released before its nak: the next worker runs at once
+    assert bus.tracking(ack, durable(bus)).naks == 1
