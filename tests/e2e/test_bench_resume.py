@@ -18,7 +18,7 @@ from evaluation.registry import load_benchmark
 from evaluation.warm import WarmRun, WarmSplit
 from tests.e2e.bench_worker import BENCHMARK, ITEMS, resumable_split, run_split
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # three engine starts on 2 loaded cores
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 2 * ITEMS * 2  # two subsets of ITEMS items, two runs each
 
