@@ -74,11 +74,13 @@ class SplitJournal:
         return fresh.count(b"\n")
 
     async def clear(self) -> None:
-        """Delete every shipment (the request's benchmark is over)."""
+        """Delete every shipment (the request's benchmark is over), the last first: a clear cut
+        short leaves shipments 0..k, which a later attempt still reads as one journal."""
         n = 0
         while await self.store.stat(self._name(n)) is not None:
-            await self.store.delete(self._name(n))
             n += 1
+        for i in reversed(range(n)):
+            await self.store.delete(self._name(i))
         self.shipments = self.shipped = 0
 
 

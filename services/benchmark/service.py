@@ -284,17 +284,16 @@ async def _handle_warm(
             scored_runs[label].resumed_items = await _say_resumed(ctx, label, runs[label])
         return scored_runs
 
-    journals: list[SplitJournal] = []
+    # Each split's journal, the baselines' included (docs/benchmarks.md, "Resuming an interrupted
+    # run"). Test-split answers are kept where the test split's logs are (ftbus_private), validation
+    # ones in the workers' cache store: never where the judge or agents read.
+    journals: dict[str, SplitJournal] = {}
+    for split, manifest in manifests.items():
+        for label in (split, f"baseline-{split}"):
+            prefix = journal_prefix(event.request_id, label, manifest, device, SAMPLING_SEED, inference)
+            journals[label] = SplitJournal(await _cache_store_for(ctx, manifest), prefix)
 
-    async def warm_split(label: str, manifest: SplitManifest) -> WarmSplit:
-        # Test-split answers are kept where the test split's logs are (ftbus_private), validation
-        # ones in the workers' cache store: never where the judge or agents read.
-        prefix = journal_prefix(event.request_id, label, manifest, device, SAMPLING_SEED, inference)
-        journal = SplitJournal(await _cache_store_for(ctx, manifest), prefix)
-        journals.append(journal)
-        return WarmSplit(label, manifest, journal)
-
-    candidate = {split: await warm_split(split, manifests[split]) for split in ("validation", "test")}
+    candidate = {split: WarmSplit(split, manifests[split], journals[split]) for split in ("validation", "test")}
     candidate_runs = await engine.run(spec, model, list(candidate.values()), ctx.workdir, device=device,
                                       timeout_s=timeout, on_split=announce, seed=SAMPLING_SEED, inference=inference)
     results = await score(candidate, candidate_runs, model)
@@ -307,7 +306,7 @@ async def _handle_warm(
             continue
         cache_names[split], baselines[split] = await _cached_baseline(ctx, manifest, base_model, device, inference)
         if baselines[split] is None:
-            uncached[f"baseline-{split}"] = await warm_split(f"baseline-{split}", manifest)
+            uncached[f"baseline-{split}"] = WarmSplit(f"baseline-{split}", manifest, journals[f"baseline-{split}"])
     if uncached:
         base = select_model(base_model, None)
         base_runs = await engine.run(spec, base, list(uncached.values()), ctx.workdir,
@@ -321,8 +320,9 @@ async def _handle_warm(
             store = await _cache_store_for(ctx, uncached[label].manifest)
             await store.put_bytes(cache_names[split], run.scores.model_dump_json().encode())
             baselines[split] = run.scores
-    # The request's benchmark is over: its results are about to be stored, its journals not needed.
-    for journal in journals:
+    # The request's benchmark is over: its results are about to be stored, its journals not needed
+    # (a baseline's too, which a lost attempt may have cached before it was lost).
+    for journal in journals.values():
         await journal.clear()
     return [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
             for split in ("validation", "test")]

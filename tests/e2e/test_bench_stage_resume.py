@@ -76,12 +76,13 @@ async def test_a_lost_attempt_is_resumed_with_the_verdicts_numbers_unchanged(
     assert all(r.resumed_items is None for r in reference.values())
     assert _journals(reference_bus) == {store: [] for store in reference_bus.stores}  # cleared at the end
 
-    # The first attempt is lost once some of the validation split's batches are recorded.
+    # The first attempt is lost after the validation split, once some of the test split's batches
+    # are recorded.
     bus = FakeBus(settings)
     event = await _candidate(bus, real_assets)
     lost = asyncio.create_task(_attempt(settings, bus, event))
     deadline = time.monotonic() + 900
-    while not any(name.endswith("/000001.jsonl") for name in _journals(bus)["cache"]):
+    while not any(name.endswith("/000001.jsonl") for name in _journals(bus)["private"]):
         assert not lost.done(), _journals(bus)
         assert time.monotonic() < deadline, "nothing recorded in 900 s"
         await asyncio.sleep(0.05)
@@ -89,15 +90,19 @@ async def test_a_lost_attempt_is_resumed_with_the_verdicts_numbers_unchanged(
     with pytest.raises(asyncio.CancelledError):
         await lost
     journals = _journals(bus)
-    assert journals["cache"] and all("/validation-" in name for name in journals["cache"])
-    assert not journals["artifacts"] and not journals["models"]  # where agents and the judge read
+    # The validation split's answers in the workers' cache store, the hidden test split's in the
+    # private one; none where agents and the judge read.
+    assert journals["cache"] and all(name.startswith("resume/r1/validation-") for name in journals["cache"])
+    assert journals["private"] and all(name.startswith("resume/r1/test-") for name in journals["private"])
+    assert not journals["artifacts"] and not journals["models"]
 
     resumed = _results(await _attempt(settings, bus, event))
-    validation = resumed["validation"]
-    assert validation.resumed_items is not None and 0 < validation.resumed_items < 2 * ITEMS
-    assert resumed["test"].resumed_items is None
+    assert resumed["validation"].resumed_items == 2 * ITEMS  # all of it: nothing generated again
+    test_done = resumed["test"].resumed_items
+    assert test_done is not None and 0 < test_done < 2 * ITEMS
     said = [p.message for p in bus.progress if p.message and "resumed the benchmark" in p.message]
-    assert said == [f"validation: resumed the benchmark: {validation.resumed_items} of {2 * ITEMS} items already done"]
+    assert said == [f"validation: resumed the benchmark: {2 * ITEMS} of {2 * ITEMS} items already done",
+                    f"test: resumed the benchmark: {test_done} of {2 * ITEMS} items already done"]
     for split in ("validation", "test"):
         got, want = resumed[split], reference[split]
         assert got.benchmark is not None and want.benchmark is not None
