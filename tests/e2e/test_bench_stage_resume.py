@@ -55,7 +55,8 @@ async def _attempt(settings: Settings, bus: FakeBus, event: TrainResult) -> list
 
 
 def _results(outs: list[Outgoing]) -> dict[str, BenchResult]:
-    results = {o.event.split: o.event for o in outs}  # type: ignore[union-attr]
+    events = [o if isinstance(o, BenchResult) else o.event for o in outs]  # the handler's results, however routed
+    results = {e.split: e for e in events}  # type: ignore[attr-defined]
     for result in results.values():
         assert result.ok, result.error
     return results  # type: ignore[return-value]

@@ -13,7 +13,7 @@ from evaluation.inference import InferenceConfig
 from evaluation.resume import SplitJournal, journal_prefix
 from evaluation.splits import SplitManifest
 from evaluation.warm import ENGINE_DIR
-from shared.artifacts import FilesystemArtifacts
+from tests.fakes.stage_context import MemoryArtifacts
 
 GREEDY = {"until": ["\n"], "do_sample": False}
 SAMPLED = {"until": ["\n"], "do_sample": True, "temperature": 0.6}
@@ -102,7 +102,7 @@ def test_the_key_is_the_kind_and_the_arguments() -> None:
 
 
 async def test_shipments_hold_whole_lines_and_restore_in_order(tmp_path: Path) -> None:
-    store = FilesystemArtifacts(tmp_path / "store")
+    store = MemoryArtifacts()
     local = tmp_path / "run" / "journal.jsonl"
     local.parent.mkdir()
     journal = SplitJournal(store, "resume/r1/validation-0123")
