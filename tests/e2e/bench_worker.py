@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from evaluation.inference import InferenceConfig
 from evaluation.models import select_model
@@ -37,9 +38,11 @@ def resumable_split(assets: Path, store: Path) -> WarmSplit:
     return WarmSplit("validation", manifest, SplitJournal(FilesystemArtifacts(store), prefix))
 
 
-async def run_split(assets: Path, toolchain: Path, split: WarmSplit, workdir: Path) -> WarmRun:
+async def run_split(assets: Path, toolchain: Path, split: WarmSplit, workdir: Path, runner: Any = None) -> WarmRun:
+    """``split`` on a fresh warm engine: a local process, or in ``runner``'s sandbox."""
     settings = Settings(home=workdir / "home", assets_dir=assets, toolchain_bin=toolchain, bench_max_items=ITEMS)
-    engine = WarmEngine(LocalRunner(settings.passthrough_env, path_prefix=[toolchain]), settings, workdir / "engine")
+    runner = runner or LocalRunner(settings.passthrough_env, path_prefix=[toolchain])
+    engine = WarmEngine(runner, settings, workdir / "engine")
     try:
         runs = await engine.run(load_benchmark(assets, BENCHMARK), select_model(assets / "models" / "tiny-llama", None),
                                 [split], workdir, device="cpu", timeout_s=900, inference=INFERENCE)

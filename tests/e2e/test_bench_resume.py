@@ -15,8 +15,12 @@ import pytest
 
 from evaluation.lmeval import parse_lm_eval_output, read_lm_eval_output
 from evaluation.registry import load_benchmark
+from evaluation.resume import SplitJournal
 from evaluation.warm import WarmRun, WarmSplit
+from runners.docker import DockerRunner, engine_client
+from shared.artifacts import FilesystemArtifacts
 from tests.e2e.bench_worker import BENCHMARK, ITEMS, resumable_split, run_split
+from tests.sandbox_support import require_sandbox
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # three engine starts on 2 loaded cores
 REPO = Path(__file__).resolve().parents[2]
@@ -89,3 +93,27 @@ async def test_a_benchmark_killed_half_way_resumes_with_identical_per_item_outco
     assert split.journal is not None
     await split.journal.clear()
     assert await _recorded(resumable_split(real_assets, store), tmp_path) == 0
+
+
+async def test_the_engine_container_reads_and_extends_its_journal(
+    real_assets: Path, toolchain_bin: Path, tmp_path: Path
+) -> None:
+    """In the Docker sandbox (the default): the journal restored into the run folder is the
+    sandbox user's to extend, and the engine in the container answers from it."""
+    image = require_sandbox()
+    reference_split = resumable_split(real_assets, tmp_path / "reference-store")
+    reference = await run_split(real_assets, toolchain_bin, reference_split, tmp_path / "reference")
+    expected = _outcomes(real_assets, reference_split, reference)
+    assert await _recorded(reference_split, tmp_path) == REQUESTS
+    lines = (tmp_path / "journal.jsonl").read_bytes().splitlines(keepends=True)
+    half = b"".join(lines[: len(lines) // 2])
+    split = resumable_split(real_assets, tmp_path / "store")
+    assert isinstance(split.journal, SplitJournal)
+    await FilesystemArtifacts(tmp_path / "store").put_bytes(f"{split.journal.prefix}/000000.jsonl", half)
+
+    runner = DockerRunner(image, stage="bench", client=engine_client(), memory="4g")
+    resumed = await run_split(real_assets, toolchain_bin, split, tmp_path / "resumed", runner=runner)
+    assert resumed.result.sandbox == f"docker:{image}"
+    assert resumed.resume is not None and resumed.resume["generated"] == REQUESTS - len(lines) // 2
+    assert _outcomes(real_assets, split, resumed) == expected
+    assert await _recorded(resumable_split(real_assets, tmp_path / "store"), tmp_path) == REQUESTS
