@@ -11,6 +11,11 @@ files) there, waits for the result, and moves the folder out before it writes th
 the engine never has both splits of a benchmark in view at once, and each split's log holds only
 that split (the engine points its output at the split's log while it runs it).
 
+A split given a journal (:class:`evaluation.resume.SplitJournal`) is resumable: its journal is
+restored into the run folder before the engine sees it, the engine answers what it records from it
+and appends each answer it generates, and the worker ships the new lines to the store while it
+waits for the split (docs/benchmarks.md, "Resuming an interrupted run").
+
 Lifecycle: started on the first job and kept warm; a split over its timeout, a cancel (the
 handler's task is cancelled) or an engine that died kills it, and the next job starts a fresh
 one; the worker stops it when it stops (:class:`EnginePolicy`).
@@ -31,10 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evaluation.engine.journal import JOURNAL_FILE
 from evaluation.inference import InferenceConfig
-from evaluation.lmeval import chat_template_for, repeat_batch, write_task_configs
+from evaluation.lmeval import chat_template_for, letter_task_name, repeat_batch, task_name, write_task_configs
 from evaluation.models import ModelSelection
 from evaluation.registry import BenchmarkSpec
+from evaluation.resume import SplitJournal
 from evaluation.splits import SplitManifest, write_split_data
 from runners.base import EXIT_OOM_KILLED, EXIT_TIMEOUT, Resident, RunResult
 from runners.sandbox import ALL_GPUS, Sandbox, gpu_selection, host_identity, owner_alive
@@ -56,6 +63,8 @@ _ALIVE_POLL_S = 1.0
 class WarmSplit:
     label: str
     manifest: SplitManifest
+    #: Where the split's answers are recorded as they finish, and restored from (None: not resumable).
+    journal: SplitJournal | None = None
 
 
 @dataclass
@@ -74,6 +83,8 @@ class WarmRun:
     #: What the exchange folder held while the split ran (the engine's own listing).
     listing: list[str] = field(default_factory=list)
     engine_pid: int | None = None
+    #: With a journal: what it answered, ``{"items", "of", "requests", "generated"}`` (engine/journal.py).
+    resume: dict[str, int] | None = None
 
 
 OnSplit = Callable[[WarmSplit], Awaitable[None]]
@@ -302,6 +313,9 @@ class WarmEngine:
                 resident.hand_over(exposed)
                 return tasks
 
+            journal_path = exposed / JOURNAL_FILE
+            if split.journal is not None:  # in the run folder before it is handed over to the engine
+                await split.journal.restore(journal_path)
             tasks = await asyncio.to_thread(expose)
             if on_split is not None:
                 await on_split(split)
@@ -310,8 +324,11 @@ class WarmEngine:
                 "label": split.label, "run_dir": str(exposed), "tasks": tasks,
                 "include_path": str(exposed / "tasks"), "output_path": str(exposed / "output"),
                 "log_path": str(exposed / LOG_FILE),
+                "journal": str(journal_path) if split.journal is not None else None,
+                "subset_of": _subset_of(spec, split.manifest),
             })
-            how, reply = await self._wait(resident, self.exchange / f"result-{n}-{i}.json", timeout_s)
+            how, reply = await self._wait(resident, self.exchange / f"result-{n}-{i}.json", timeout_s,
+                                          split.journal, journal_path)
             duration = round(time.monotonic() - started, 3)
         finally:
             # Out of the engine's view before anything else is shown to it.
@@ -343,15 +360,23 @@ class WarmEngine:
             sandbox=resident.sandbox,
         )
         return WarmRun(dest, dest / "output", log_path, result, error=error, loads=int(reply.get("loads", 0)),
-                       listing=list(reply.get("listing", [])), engine_pid=reply.get("pid"))
+                       listing=list(reply.get("listing", [])), engine_pid=reply.get("pid"),
+                       resume=reply.get("resume"))
 
-    async def _wait(self, resident: Resident, result_path: Path, timeout_s: float) -> tuple[str, dict[str, Any]]:
+    async def _wait(self, resident: Resident, result_path: Path, timeout_s: float,
+                    journal: SplitJournal | None = None, journal_path: Path | None = None,
+                    ) -> tuple[str, dict[str, Any]]:
+        """Wait for the engine's answer to a split; meanwhile ship the journal's new lines."""
         deadline = time.monotonic() + timeout_s
         next_check = time.monotonic() + _ALIVE_POLL_S
         while True:
+            if journal is not None and journal_path is not None:
+                await journal.ship(journal_path)
             if result_path.exists():
                 reply = json.loads(result_path.read_text(encoding="utf-8"))
                 result_path.unlink()
+                if journal is not None and journal_path is not None:
+                    await journal.ship(journal_path)  # the last answers, written before the reply
                 return "done", reply
             now = time.monotonic()
             if now >= next_check:
@@ -366,6 +391,15 @@ class WarmEngine:
                 await self.kill()
                 return "timeout", {}
             await asyncio.sleep(_RESULT_POLL_S)
+
+
+def _subset_of(spec: BenchmarkSpec, manifest: SplitManifest) -> dict[str, str]:
+    """Task name -> subset: the engine counts an item once, whichever of its subset's tasks ask."""
+    names: dict[str, str] = {}
+    for subset in manifest.item_ids:
+        names[task_name(spec.name, subset)] = subset
+        names[letter_task_name(spec.name, subset)] = subset
+    return names
 
 
 # ---------------------------------------------------------------------------- one per worker

@@ -15,10 +15,13 @@ reader never sees half of one:
   "apply_chat_template", "vllm": {"gpu_memory_utilization", "max_model_len", "enforce_eager"},
   "splits": [label, ...]}`` (``vllm`` matters on the GPU path only).
 - ``split-<n>-<i>.json`` (worker): the i-th split of job n is now in the exchange folder:
-  ``{"label", "run_dir", "tasks", "include_path", "output_path", "log_path"}``. The worker puts
+  ``{"label", "run_dir", "tasks", "include_path", "output_path", "log_path", "journal", "subset_of"}``
+  (``journal``, optional: the split's journal file, journal.py, which the engine reads and appends
+  to; ``subset_of``: task name -> subset, how it counts items). The worker puts
   each split's run folder there only for its own run and removes it before the next one, so the
   engine never sees two splits' data at once.
-- ``result-<n>-<i>.json`` (engine): ``{"ok", "error", "loads", "listing", "seconds", "pid"}``;
+- ``result-<n>-<i>.json`` (engine): ``{"ok", "error", "loads", "listing", "seconds", "pid", "resume"}``;
+  ``resume`` (with a journal) what the journal answered: ``{"items", "of", "requests", "generated"}``;
   ``listing`` is what the exchange folder held while the split ran (the worker's proof, in tests,
   that one split was visible at a time); ``loads`` how many times this job loaded its model.
 - ``end-<n>.json`` (worker): job n is over early (a split could not be prepared): drop the model.
@@ -110,6 +113,7 @@ class Engine:
         from lm_eval.utils import handle_non_serializable, make_table, setup_logging
 
         sys.path.insert(0, str(HERE))
+        from resuming import ResumingLM
         from vllm_support import lm_eval_model, release
 
         setup_logging()
@@ -122,6 +126,7 @@ class Engine:
         self.make_table = make_table
         self.lm_eval_model = lm_eval_model
         self.release = release
+        self.resuming = ResumingLM
         write_json(exchange / "engine.json", {"pid": os.getpid(), "imported_s": round(time.monotonic() - started, 3)})
         print(f"[engine] harness imported in {time.monotonic() - started:.1f} s", flush=True)
 
@@ -163,6 +168,7 @@ class Engine:
             started = time.monotonic()
             listing = sorted(os.listdir(self.exchange))
             error: str | None = None
+            resume: dict[str, int] | None = None
             with self.output.into(request["log_path"]):
                 try:
                     if lm is None and load_error is None:
@@ -170,7 +176,7 @@ class Engine:
                         loads += 1
                     if lm is None:
                         raise RuntimeError(f"the model could not be loaded: {load_error}")
-                    self._evaluate(lm, model_args, job, request)
+                    resume = self._evaluate(lm, model_args, job, request)
                 except Exception as exc:  # the harness failed: a result to report, not a crash
                     traceback.print_exc()
                     error = f"{type(exc).__name__}: {exc}"
@@ -178,7 +184,7 @@ class Engine:
                         load_error = error
             write_json(self.exchange / f"result-{n}-{i}.json", {
                 "ok": error is None, "error": error, "loads": loads, "listing": listing,
-                "seconds": round(time.monotonic() - started, 3), "pid": os.getpid(),
+                "seconds": round(time.monotonic() - started, 3), "pid": os.getpid(), "resume": resume,
             })
         if lm is not None:
             # vLLM holds GPU memory and tensor-parallel state until shut down: free them before
@@ -206,8 +212,27 @@ class Engine:
         print(f"[engine] model loaded in {time.monotonic() - started:.1f} s", flush=True)
         return lm, args
 
-    def _evaluate(self, lm: Any, model_args: dict[str, Any], job: dict[str, Any], request: dict[str, Any]) -> None:
-        """One split, as ``lm_eval run --log_samples --seed <seed>`` does it, saved the same way."""
+    def _evaluate(self, lm: Any, model_args: dict[str, Any], job: dict[str, Any], request: dict[str, Any],
+                  ) -> dict[str, int] | None:
+        """One split, as ``lm_eval run --log_samples --seed <seed>`` does it, saved the same way; with
+        a journal, through it (resuming.py): returns what the journal answered."""
+        if not request.get("journal"):
+            self._simple_evaluate(lm, model_args, job, request)
+            return None
+        from journal import Journal
+
+        resuming = self.resuming(lm, Journal(Path(request["journal"]), request.get("subset_of")))
+        try:
+            self._simple_evaluate(resuming, model_args, job, request)
+        finally:
+            resuming.release()
+        summary = resuming.journal.summary()
+        print(f"[engine] journal: {summary['items']} of {summary['of']} items recorded by an earlier attempt; "
+              f"{summary['generated']} of {summary['requests']} requests generated", flush=True)
+        return summary
+
+    def _simple_evaluate(self, lm: Any, model_args: dict[str, Any], job: dict[str, Any], request: dict[str, Any],
+                         ) -> None:
         import datasets
 
         run_dir = Path(request["run_dir"])

@@ -23,6 +23,7 @@ from evaluation.grading import GradingUnavailable, grade_split
 from evaluation.inference import InferenceConfig, InferenceError, inference_for
 from evaluation.models import ModelSelection, select_model
 from evaluation.registry import BenchmarkError, BenchmarkSpec, load_benchmark
+from evaluation.resume import SplitJournal, journal_prefix
 from evaluation.runs import effective_runs
 from evaluation.splits import SplitManifest, make_split
 from evaluation.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
@@ -59,6 +60,8 @@ class SplitRun:
     scores: BenchmarkScores | None
     outcome: StageOutcome | None
     error: str | None
+    #: Items whose answers came from an interrupted attempt's journal (None: none).
+    resumed_items: int | None = None
 
 
 def detect_device(setting: str) -> str:
@@ -153,6 +156,7 @@ def _result(
         baseline=baseline,
         outcome=run.outcome,
         error=run.error,
+        resumed_items=run.resumed_items,
     )
     return Outgoing(ctx.subjects.bench_test, result, "test") if split == "test" else result
 
@@ -270,12 +274,24 @@ async def _handle_warm(
 
     async def score(splits: dict[str, WarmSplit], runs: dict[str, WarmRun], scored: ModelSelection,
                     ) -> dict[str, SplitRun]:
-        return {label: await _score_split(ctx, event, spec, split.manifest, runs[label].result,
-                                          runs[label].output_dir, scored, inference, label=label,
-                                          engine_error=runs[label].error)
-                for label, split in splits.items()}
+        scored_runs = {}
+        for label, split in splits.items():
+            scored_runs[label] = await _score_split(ctx, event, spec, split.manifest, runs[label].result,
+                                                    runs[label].output_dir, scored, inference, label=label,
+                                                    engine_error=runs[label].error)
+            scored_runs[label].resumed_items = await _say_resumed(ctx, label, runs[label])
+        return scored_runs
 
-    candidate = {split: WarmSplit(split, manifests[split]) for split in ("validation", "test")}
+    # Each split's journal, the baselines' included (docs/benchmarks.md, "Resuming an interrupted
+    # run"). Test-split answers are kept where the test split's logs are (ftbus_private), validation
+    # ones in the workers' cache store: never where the judge or agents read.
+    journals: dict[str, SplitJournal] = {}
+    for split, manifest in manifests.items():
+        for label in (split, f"baseline-{split}"):
+            prefix = journal_prefix(event.request_id, label, manifest, device, SAMPLING_SEED, inference)
+            journals[label] = SplitJournal(await _cache_store_for(ctx, manifest), prefix)
+
+    candidate = {split: WarmSplit(split, manifests[split], journals[split]) for split in ("validation", "test")}
     candidate_runs = await engine.run(spec, model, list(candidate.values()), ctx.workdir, device=device,
                                       timeout_s=timeout, on_split=announce, seed=SAMPLING_SEED, inference=inference)
     results = await score(candidate, candidate_runs, model)
@@ -288,7 +304,7 @@ async def _handle_warm(
             continue
         cache_names[split], baselines[split] = await _cached_baseline(ctx, manifest, base_model, device, inference)
         if baselines[split] is None:
-            uncached[f"baseline-{split}"] = WarmSplit(f"baseline-{split}", manifest)
+            uncached[f"baseline-{split}"] = WarmSplit(f"baseline-{split}", manifest, journals[f"baseline-{split}"])
     if uncached:
         base = select_model(base_model, None)
         base_runs = await engine.run(spec, base, list(uncached.values()), ctx.workdir,
@@ -302,8 +318,23 @@ async def _handle_warm(
             store = await _cache_store_for(ctx, uncached[label].manifest)
             await store.put_bytes(cache_names[split], run.scores.model_dump_json().encode())
             baselines[split] = run.scores
+    # The request's benchmark is over: its results are about to be stored, its journals not needed
+    # (a baseline's too, which a lost attempt may have cached before it was lost).
+    for journal in journals.values():
+        await journal.clear()
     return [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
             for split in ("validation", "test")]
+
+
+async def _say_resumed(ctx: StageContext, label: str, run: WarmRun) -> int | None:
+    """Log and show a split that took answers from an interrupted attempt; return its item count."""
+    resume = run.resume
+    if resume is None or resume["requests"] == resume["generated"]:
+        return None
+    message = f"resumed the benchmark: {resume['items']} of {resume['of']} items already done"
+    log.info(message, split=label, requests=resume["requests"], generated=resume["generated"])
+    await ctx.progress(message=f"{label}: {message}")
+    return int(resume["items"])
 
 
 def model_fingerprint(model_dir: Path) -> str:

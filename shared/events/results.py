@@ -258,4 +258,8 @@ class BenchResult(StageResult):
     train: TrainSummary
     benchmark: BenchmarkScores | None = None
     baseline: BaselineComparison | None = None
+    #: How many of the split's items an interrupted earlier attempt of this request had finished, so
+    #: that this one took their answers from its journal (docs/benchmarks.md, "Resuming an interrupted
+    #: run"); None: nothing was resumed.
+    resumed_items: int | None = None
 
