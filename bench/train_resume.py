@@ -60,22 +60,22 @@ class TrainingRun(BaseModel):
     loss_steps: list[int]
 
 
-def workspace(dest: Path) -> Path:
-    """The LoRA example, 400 steps of batch 1, its own save_steps left out (the setting's apply)."""
+def workspace(dest: Path, steps: int = STEPS) -> Path:
+    """The LoRA example, ``steps`` steps of batch 1, its own save_steps left out (the setting's apply)."""
     shutil.copytree(REPO / "examples" / "lora", dest)
     config = yaml.safe_load((dest / "train.yaml").read_text())
     config.pop("save_steps", None)
-    config.update(max_steps=STEPS, per_device_train_batch_size=1, learning_rate=1.0e-3, plot_loss=False)
+    config.update(max_steps=steps, per_device_train_batch_size=1, learning_rate=1.0e-3, plot_loss=False)
     (dest / "train.yaml").write_text(yaml.safe_dump(config))
     with (dest / "process_data.py").open("a") as fh:
         fh.write(f"\n# run {secrets.token_hex(4)}: defeats the data cache\n")
     return dest
 
 
-def resume_settings(base: Settings, server: EmbeddedServer) -> Settings:
+def resume_settings(base: Settings, server: EmbeddedServer, every: int = EVERY) -> Settings:
     return base.model_copy(update={
         "nats_url": server.url, "subject_prefix": "r" + secrets.token_hex(4), "sandbox": "local",
-        "bench_engine": "cold", "train_checkpoint_every_steps": EVERY, "ack_wait_s": 10.0, "heartbeat_s": 2.0,
+        "bench_engine": "cold", "train_checkpoint_every_steps": every, "ack_wait_s": 10.0, "heartbeat_s": 2.0,
     })
 
 
