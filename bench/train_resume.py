@@ -112,11 +112,13 @@ async def _train_result(bus: Any, client: Client, rid: str, timeout_s: float) ->
 
 
 async def run_training(settings: Settings, ws: Path, kill_after: int | None, timeout_s: float = 1500,
-                       verdict: bool = True) -> TrainingRun:
+                       verdict: bool = True, uploaded: int = 0) -> TrainingRun:
     """One request through the pipeline (``verdict`` False: up to its training result only);
     with ``kill_after``, its first train worker is killed once the status shows a training step
-    past it, and a second one takes over."""
+    past it (and, with ``uploaded``, a checkpoint of at least that step uploaded), and a second one
+    takes over."""
     from ftbus.cli import run_services
+    from services.trainer.checkpoints import read_manifest_quietly
     from shared.bus import Bus
 
     bus = await Bus.connect(settings)
@@ -137,7 +139,9 @@ async def run_training(settings: Settings, ws: Path, kill_after: int | None, tim
                 view = await client.status(rid)
                 progress = view.progress if view is not None else None
                 if progress is not None and progress.stage == "train" and (progress.step or 0) > kill_after:
-                    break
+                    manifest = await read_manifest_quietly(await bus.checkpoint_artifacts(), rid) if uploaded else None
+                    if not uploaded or (manifest is not None and manifest.step >= uploaded):
+                        break
                 if worker.returncode is not None or loop.time() > deadline:
                     raise RuntimeError(f"training never passed step {kill_after} (worker exit {worker.returncode})")
                 await asyncio.sleep(0.2)
