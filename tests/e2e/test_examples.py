@@ -108,14 +108,24 @@ async def test_example_passes_for_real(
         assert steps, "no training progress arrived"
         assert steps == sorted(steps)
         if example == "lora":
-            await _pulled_model_answers_as_scored(pipeline, rid, verdict, real_assets, toolchain_bin, tmp_path)
             assert campaign is not None
-            null = await _null_candidate_is_noise(pipeline, tmp_path, campaign, rid)
-            await _compare_says_lora_beats_the_null_candidate(settings, rid, null)
-            copy = await _a_copy_of_lora_is_not_distinguishable_from_it(pipeline, campaign, rid)
-            await _the_campaign_shows_lora_as_its_incumbent(settings, campaign, rid, null, copy)
+            # The pulled model's check needs lora only: it runs while the campaign's candidates go through
+            # the pipeline (the null one, then the copy, in that order: their places in the campaign).
+            await asyncio.gather(
+                _pulled_model_answers_as_scored(pipeline, rid, verdict, real_assets, toolchain_bin, tmp_path),
+                _the_campaign_after_lora(pipeline, settings, tmp_path, campaign, rid))
     finally:
         await pipeline.stop()
+
+
+async def _the_campaign_after_lora(pipeline: Pipeline, settings: Settings, tmp_path: Path, campaign: str,
+                                   lora: str) -> None:
+    """The null candidate, then a copy of lora, in lora's campaign; `ftbus compare` on lora and the null
+    candidate runs while the copy goes through the pipeline."""
+    null = await _null_candidate_is_noise(pipeline, tmp_path, campaign, lora)
+    _, copy = await asyncio.gather(_compare_says_lora_beats_the_null_candidate(settings, lora, null),
+                                   _a_copy_of_lora_is_not_distinguishable_from_it(pipeline, tmp_path, campaign, lora))
+    await _the_campaign_shows_lora_as_its_incumbent(settings, campaign, lora, null, copy)
 
 
 async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path, campaign: str, lora: str) -> str:
@@ -150,13 +160,26 @@ async def _null_candidate_is_noise(pipeline: Pipeline, tmp_path: Path, campaign:
     return null
 
 
-async def _a_copy_of_lora_is_not_distinguishable_from_it(pipeline: Pipeline, campaign: str, lora: str) -> str:
-    """examples/lora again, in its own campaign: trained the same way, it answers as lora does. It beats
-    the base model beyond noise (judge_policy=significant passes), but not the incumbent: refused, as not
-    distinguishable from lora, which the verdict names. Returns its id."""
+async def _a_copy_of_lora_is_not_distinguishable_from_it(pipeline: Pipeline, tmp_path: Path, campaign: str,
+                                                         lora: str) -> str:
+    """A copy of lora, in its campaign: examples/lora with lora's own adapter (`ftbus pull`) as its start
+    (adapter_name_or_path), trained 2 steps at a learning rate of 0, so it is lora's model and answers as
+    lora does (training it again for 80 steps gives the same model, minutes later on a loaded machine). It
+    beats the base model beyond noise (judge_policy=significant passes), but not the incumbent: refused, as
+    not distinguishable from lora, which the verdict names. Returns its id."""
+    from ftbus.pull import pull
+
+    workspace = tmp_path / "copy"
+    shutil.copytree(REPO / "examples" / "lora", workspace)
+    pulled = await pull(pipeline.client, lora, tmp_path / "copy-adapter")
+    shutil.copytree(pulled.path, workspace / "lora-adapter")
+    config = (workspace / "train.yaml").read_text()
+    config = config.replace("learning_rate: 5.0e-3", "learning_rate: 0.0").replace("max_steps: 80", "max_steps: 2")
+    assert "learning_rate: 0.0" in config and "max_steps: 2" in config
+    (workspace / "train.yaml").write_text(config + "adapter_name_or_path: lora-adapter\n")
     task = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_datasets=["tiny-reviews"],
                     campaign=campaign)
-    copy = await pipeline.client.submit(REPO / "examples" / "lora", task)
+    copy = await pipeline.client.submit(workspace, task)
     verdict = await pipeline.client.wait(copy, timeout_s=900)
     assert verdict.status == "completed", verdict.execution
     assert verdict.judge is not None and verdict.judge.rules_decision is True

@@ -23,10 +23,11 @@ pytestmark = pytest.mark.e2e
 MAX_ITEMS = 2
 
 
-async def _generate_and_grade(benchmark: str, assets: Path, toolchain: Path, tmp_path: Path) -> tuple:
+async def _generate_and_grade(benchmark: str, assets: Path, toolchain: Path, tmp_path: Path,
+                              **extra: object) -> tuple:
     image = require_sandbox()
     settings = Settings(home=tmp_path / "home", assets_dir=assets, toolchain_bin=toolchain, bench_max_items=MAX_ITEMS,
-                        sandbox="docker", sandbox_image=image, code_exec_timeout_s=20)
+                        sandbox="docker", sandbox_image=image, code_exec_timeout_s=20, **extra)
     spec = load_benchmark(assets, benchmark)
     manifest = make_split(spec, "validation", MAX_ITEMS)
     base = select_model(assets / "models" / "tiny-llama", None)
@@ -66,7 +67,10 @@ async def test_humaneval_programs_run_in_the_code_executor_not_in_the_engine(
     real_assets: Path, toolchain_bin: Path, tmp_path: Path
 ) -> None:
     import_benchmark(real_assets, "humaneval", None)
-    spec, manifest, run, scores = await _generate_and_grade("humaneval", real_assets, toolchain_bin, tmp_path)
+    # The tiny model never stops by itself: a cap of 64 tokens (a model's max_gen_toks, reported as such)
+    # instead of HumanEval's whole budget per item, which only made the test minutes longer.
+    spec, manifest, run, scores = await _generate_and_grade(
+        "humaneval", real_assets, toolchain_bin, tmp_path, bench_inference={"tiny-llama": {"max_gen_toks": 64}})
     assert scores.scorer == "code" and scores.primary_metric == "pass@1"
     assert set(scores.accuracy_summary) == {"humaneval"}
     # A random tiny model writes no working Python: every program ran, and failed its tests.

@@ -6,9 +6,10 @@ For gsm8k, minerva math, MMLU, AIME 2024, HumanEval and MBPP, small files in the
 - ftbus's reference protocol generates on the tiny model (evaluation/reference.py: one ``lm_eval``
   process, tasks that include lm-eval's own YAMLs, the data written back from ftbus's items);
 - lm-eval's CLI runs its own task YAMLs on the fixture files themselves (``include:`` +
-  ``dataset_path: json``/``data_files``, as lm-eval documents local data); the code tasks with
-  ``--predict_only``: lm-eval would run the model's code in its own process, and model code runs only
-  in ftbus's code executor;
+  ``dataset_path: json``/``data_files``, as lm-eval documents local data), all six in one process; the
+  code tasks with their metric set to ``bypass`` (what ``--predict_only`` does to every task of a run,
+  here to those two only): lm-eval would run the model's code in its own process, and model code runs
+  only in ftbus's code executor;
 - every rendered prompt (lm-eval's logged ``arguments``: the prompt and its generation settings), every
   response and every per-item metric of ftbus's scorer must equal lm-eval's; for code, the program
   ftbus runs must be byte for byte the one lm-eval's code_eval would run;
@@ -49,7 +50,7 @@ from evaluation.reference import (
 from evaluation.registry import BenchmarkSpec, load_benchmark
 from shared.offline import OFFLINE_ENV
 
-# Three lm_eval processes (ftbus, lm-eval text, lm-eval code) start together: about 4-6 min on 2 busy cores.
+# Two lm_eval processes (ftbus's, lm-eval's CLI) start together, then the planted run: minutes on 2 busy cores.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "reference"
@@ -79,13 +80,21 @@ def _side_task(benchmark: str) -> str:
     return f"side_{benchmark}"
 
 
-def _write_side_tasks(tasks_dir: Path, include: Path, benchmarks: tuple[str, ...]) -> list[str]:
+#: lm-eval's ``--predict_only``, for one task: its metrics replaced by ``bypass`` (Task.override_metric).
+BYPASS = {"metric_list": [{"metric": "bypass", "aggregation": "bypass", "higher_is_better": True}]}
+
+
+def _write_side_tasks(tasks_dir: Path, include: Path, benchmarks: tuple[str, ...], *,
+                      predict_only: tuple[str, ...] = ()) -> list[str]:
+    """The side tasks of ``benchmarks`` under ``include``; those of ``predict_only`` generate only (their
+    metrics bypassed), so that one run scores the text tasks and never runs the model's code."""
     include.mkdir(parents=True, exist_ok=True)
     for benchmark in benchmarks:
         _, rel, files, extra = SIDE[benchmark]
         config = {"include": str(tasks_dir / rel), "task": _side_task(benchmark), "dataset_path": "json",
                   "dataset_name": None,
-                  "dataset_kwargs": {"data_files": {split: str(FIXTURES / f) for split, f in files.items()}}, **extra}
+                  "dataset_kwargs": {"data_files": {split: str(FIXTURES / f) for split, f in files.items()}}, **extra,
+                  **(BYPASS if benchmark in predict_only else {})}
         (include / f"{_side_task(benchmark)}.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     return [_side_task(b) for b in benchmarks]
 
@@ -102,13 +111,14 @@ def _code_eval_cwd(tmp: Path) -> Path:
     return cwd
 
 
-def _lm_eval_cli(toolchain: Path, model: Path, tasks: list[str], include: Path, output: Path, tmp: Path,
-                 *, predict_only: bool) -> subprocess.CompletedProcess[str]:
+def _lm_eval_cli(toolchain: Path, model: Path, tasks: list[str], include: Path, output: Path,
+                 tmp: Path) -> subprocess.CompletedProcess[str]:
+    # --confirm_run_unsafe_code: lm-eval refuses to load the code tasks (unsafe_code: true) without it;
+    # their metrics are bypassed (_write_side_tasks), so no model code runs.
     argv = [str(toolchain / "lm_eval"), "run", "--model", "hf", "--model_args", f"pretrained={model}",
             "--tasks", ",".join(tasks), "--include_path", str(include), "--output_path", str(output),
-            "--log_samples", "--batch_size", "1", "--device", "cpu", "--gen_kwargs", f"max_gen_toks={MAX_GEN_TOKS}"]
-    if predict_only:
-        argv += ["--predict_only", "--confirm_run_unsafe_code"]
+            "--log_samples", "--batch_size", "1", "--device", "cpu", "--gen_kwargs", f"max_gen_toks={MAX_GEN_TOKS}",
+            "--confirm_run_unsafe_code"]
     return subprocess.run(argv, env=_env(tmp), cwd=_code_eval_cwd(tmp), capture_output=True, text=True, timeout=900,
                           check=False)
 
@@ -146,18 +156,13 @@ def side_by_side(real_assets: Path, toolchain_bin: Path, tmp_path_factory: pytes
         import_benchmark(assets, benchmark, FIXTURES / benchmark)
         specs[benchmark] = load_benchmark(assets, benchmark)
     tasks_dir = lm_eval_tasks_dir(toolchain_bin / "python")
-    text_tasks = _write_side_tasks(tasks_dir, tmp / "side-text", TEXT)
-    code_tasks = _write_side_tasks(tasks_dir, tmp / "side-code", CODE)
-    with ThreadPoolExecutor(3) as pool:
+    side_tasks = _write_side_tasks(tasks_dir, tmp / "side", (*TEXT, *CODE), predict_only=CODE)
+    with ThreadPoolExecutor(2) as pool:
         ours = pool.submit(run_reference, list(specs.values()), tmp / "ftbus", toolchain_bin=toolchain_bin,
                            pretrained=model, max_gen_toks=MAX_GEN_TOKS, timeout_s=900)
-        text = pool.submit(_lm_eval_cli, toolchain_bin, model, text_tasks, tmp / "side-text", tmp / "lm-eval", tmp,
-                           predict_only=False)
-        code = pool.submit(_lm_eval_cli, toolchain_bin, model, code_tasks, tmp / "side-code", tmp / "lm-eval", tmp,
-                           predict_only=True)
-        run = ours.result()
-        for side in (text.result(), code.result()):
-            assert side.returncode == 0, side.stdout[-3000:] + side.stderr[-3000:]
+        theirs = pool.submit(_lm_eval_cli, toolchain_bin, model, side_tasks, tmp / "side", tmp / "lm-eval", tmp)
+        run, side = ours.result(), theirs.result()
+    assert side.returncode == 0, side.stdout[-3000:] + side.stderr[-3000:]
     assert run.returncode == 0, run.log.read_text()[-4000:]
     return SideBySide(specs, run, tmp / "lm-eval")
 
