@@ -79,7 +79,8 @@ def resume_settings(base: Settings, server: EmbeddedServer, every: int = EVERY) 
     })
 
 
-def _worker_env(settings: Settings) -> dict[str, str]:
+def worker_env(settings: Settings) -> dict[str, str]:
+    """A `ftbus worker` subprocess's environment: these settings, nothing inherited of FTBUS_*."""
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
         "PYTHONPATH": str(REPO),
@@ -128,7 +129,7 @@ async def run_training(settings: Settings, ws: Path, kill_after: int | None, tim
     stages = [Stage.data, Stage.bench, Stage.judge, Stage.aggregate] if verdict else [Stage.data, Stage.aggregate]
     services = asyncio.create_task(run_services(bus, stages, None, stop))
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=_worker_env(settings),
+        sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=worker_env(settings),
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         rid = await client.submit(ws, TASK)
@@ -149,7 +150,7 @@ async def run_training(settings: Settings, ws: Path, kill_after: int | None, tim
             await worker.wait()
             console.print(f"killed the train worker at step {progress.step}")
             worker = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=_worker_env(settings),
+                sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=worker_env(settings),
                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         result = await _train_result(bus, client, rid, timeout_s)
         final = await client.wait(rid, timeout_s=timeout_s) if verdict else None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgpack
 
+from bench.train_resume import worker_env
 from services.trainer.checkpoints import read_manifest, read_manifest_quietly
 from shared.codec import decode
 from shared.events import Stage, TaskSpec, TrainResult
@@ -26,28 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 EVERY = 5
 
 
-def _worker_env(settings: Settings) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
-        "PYTHONPATH": str(REPO),
-        "FTBUS_HOME": str(settings.home),
-        "FTBUS_NATS_URL": settings.nats_url,
-        "FTBUS_SUBJECT_PREFIX": settings.subject_prefix,
-        "FTBUS_ASSETS_DIR": str(settings.assets_dir),
-        "FTBUS_TOOLCHAIN_BIN": str(settings.toolchain_bin),
-        "FTBUS_SANDBOX": "local",
-        "FTBUS_ACK_WAIT_S": str(settings.ack_wait_s),
-        "FTBUS_HEARTBEAT_S": str(settings.heartbeat_s),
-        "FTBUS_TRAIN_CHECKPOINT_EVERY_STEPS": str(EVERY),
-        "FTBUS_LOG_FORMAT": "json",
-    }
-
-
 async def test_a_killed_trainer_is_resumed_from_its_latest_checkpoint(tmp_path: Path, settings: Settings) -> None:
     settings = settings.model_copy(update={"train_checkpoint_every_steps": EVERY})
     pipeline = Pipeline(settings)
     worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=_worker_env(settings),
+        sys.executable, "-m", "ftbus.cli", "worker", "train", cwd=REPO, env=worker_env(settings),
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         await pipeline.start([Stage.data, Stage.bench, Stage.judge, Stage.aggregate])
