@@ -145,3 +145,25 @@ def test_a_killed_resumed_run_has_the_checkpoints_history_then_its_log(tmp_path:
     (output / "trainer_log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     history = extract_loss_history(output)
     assert [p.step for p in history.train] == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_a_candidates_links_in_its_checkpoints_are_never_uploaded(tmp_path: Path) -> None:
+    """The training (candidate code) wrote the output folder: a link to a file of the worker's
+    (a secret, the test split) must not travel to the store as part of a checkpoint."""
+    secret = tmp_path / "worker-secret"
+    secret.write_text("nkey SUAB...")
+    output = tmp_path / "output"
+    linked = _checkpoint(output, 10, optimizer=False)
+    (linked / "optimizer.pt").symlink_to(secret)  # the optimizer state is the secret
+    assert not is_complete(linked)  # a linked file is no file of the checkpoint
+    ok = _checkpoint(output, 20)
+    (ok / "extra.bin").symlink_to(secret)
+    (ok / "nested").mkdir()
+    (ok / "nested" / "leak").symlink_to(secret)
+    store = FilesystemArtifacts(tmp_path / "store")
+    manifest = await CheckpointUploader(store, "r1", 1, output).upload_latest()
+    assert manifest is not None and manifest.step == 20
+    uploaded = {file.path for file in manifest.files}
+    assert uploaded and not any("extra.bin" in p or "leak" in p for p in uploaded)
+    for file in manifest.files:
+        assert await store.get_bytes(file.ref) != secret.read_bytes()
