@@ -129,8 +129,9 @@ class Stand:
     ``ftbus up``) + a client connection, under ``root``."""
 
     def __init__(self, root: Path, *, concurrency: dict[str, int] | None = None, log_level: str = "INFO",
-                 one_process: bool = False) -> None:
+                 one_process: bool = False, settings: dict[str, object] | None = None) -> None:
         self.root = root
+        self.extra_settings = settings or {}
         self.one_process = one_process
         self.concurrency = concurrency or {}
         self.log_level = log_level
@@ -156,6 +157,7 @@ class Stand:
             "sandbox": "local",
             "log_format": "json",
             "log_level": os.environ.get("BENCH_LOG_LEVEL", self.log_level),
+            **self.extra_settings,
         }
         if "bench_engine" in Settings.model_fields:
             values["bench_engine"] = "cold"  # the stand-in lm_eval is a command, one process per split
@@ -230,7 +232,7 @@ class Stand:
 
     # ------------------------------------------------------------------ requests
 
-    async def upload(self, workspace: Path, rid: str) -> Any:
+    async def upload(self, workspace: Path, rid: str, campaign: str | None = None) -> Any:
         """The request event for ``workspace``, its files uploaded (what `submit` does before publishing)."""
         try:
             from ftbus.submitting import exclude_outputs
@@ -243,7 +245,8 @@ class Stand:
         files = await upload_dir(await self.client.bus.artifacts(), f"{rid}/workspace", workspace,
                                  max_bytes=settings.max_workspace_bytes, max_files=settings.max_workspace_files,
                                  exclude=exclude_outputs)
-        task = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith")
+        task = TaskSpec(base_model="tiny-standin", benchmark="tiny-arith",
+                        **({"campaign": campaign} if campaign else {}))
         return EvalRequested(request_id=rid, context=RequestContext(task=task, workspace=files))
 
     async def publish(self, event: Any) -> None:

@@ -51,6 +51,7 @@ SCRIPTS: tuple[Script, ...] = (
     Script("overhead", "overhead per request outside stage work"),
     Script("precheck_burst", "pre-check failures, 100 at once"),
     Script("pipelining", "a burst of 20 against the ideal pipeline bound"),
+    Script("fair_share", "a campaign's one request behind another's thirty: arrival order against lanes"),
     Script("campaign_power", "a campaign's false-SOTA rate and the power it leaves (simulation, n = 200)"),
     Script("sweep_cost", "the aggregator's sweep against a bucket of finished requests"),
     Script("ls_cost", "listing requests (`ftbus ls`) with many on the server"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shared.subjects import Subjects, pipeline_stages
+from shared.subjects import Subjects, fair_share_stages, pipeline_stages
 
 # A group of rules: the comment above them ("" for none) and the subjects.
 Group = tuple[str, list[str]]
@@ -30,10 +30,13 @@ class User:
 class Topology:
     """The code's names (one prefix), and the families of JetStream API subjects over them."""
 
-    def __init__(self, subjects: Subjects, stages: Sequence[str] | None = None) -> None:
+    def __init__(self, subjects: Subjects, stages: Sequence[str] | None = None,
+                 fair_share: Sequence[str] | None = None) -> None:
         self.s = subjects
         #: The pipeline's stages (each has its results bucket).
         self.stages = tuple(pipeline_stages(stages))
+        #: Its stages with lanes (each has its lanes stream).
+        self.fair_share = tuple(fair_share_stages(stages, fair_share))
 
     # ------------------------------------------------------------------ names
 
@@ -49,7 +52,7 @@ class Topology:
     def streams(self) -> list[str]:
         s = self.s
         return [s.stream_events, s.stream_test, s.stream_verdicts, s.stream_reports, s.stream_dlq,
-                s.stream_advisories]
+                s.stream_advisories, *(s.stream_lanes(stage) for stage in self.fair_share)]
 
     def buckets(self) -> list[str]:
         return [self.s.kv_requests, self.s.kv_status, self.s.kv_campaigns,
@@ -140,6 +143,20 @@ class Topology:
             f"its durable consumer {d} on {e}: create, info, fetch, ack",
             [f"$JS.API.CONSUMER.DURABLE.CREATE.{e}.{d}", f"$JS.API.CONSUMER.CREATE.{e}.{d}.>",
              f"$JS.API.CONSUMER.INFO.{e}.{d}", f"$JS.API.CONSUMER.MSG.NEXT.{e}.{d}", f"$JS.ACK.{e}.{d}.>"],
+        )
+
+    def stage_lanes(self, stage: str) -> Group:
+        """A fair-share stage's lanes (shared/lanes.py): its own stream (the topology's), a consumer per
+        campaign (any name within that stream), copies of its requests into them."""
+        st = self.s.stream_lanes(stage)
+        return (
+            f"fair share: its lanes stream {st} (delete a settled request), the copies of its requests\n"
+            "into its lanes, their consumers and the gauge (list, create, info, fetch, ack)",
+            [f"$JS.API.STREAM.MSG.DELETE.{st}",
+             self.s.lane(stage), f"$JS.API.CONSUMER.LIST.{st}",
+             f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.*", f"$JS.API.CONSUMER.CREATE.{st}.*",
+             f"$JS.API.CONSUMER.CREATE.{st}.*.>", f"$JS.API.CONSUMER.INFO.{st}.*",
+             f"$JS.API.CONSUMER.MSG.NEXT.{st}.*", f"$JS.ACK.{st}.*.>"],
         )
 
     def kv_read(self, bucket: str) -> list[str]:

@@ -34,7 +34,8 @@ ACCOUNTS_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "ac
 def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE) -> list[User]:
     """Every NATS user of ``pipeline`` (ftbus's own by default): what each may publish and
     subscribe to. Each stage worker's user is made from its row (its subjects, its ``grants``)."""
-    t = Topology(subjects or Subjects(), [spec.stage for spec in pipeline])
+    t = Topology(subjects or Subjects(), [spec.stage for spec in pipeline],
+                 [spec.stage for spec in pipeline if spec.fair_share])
     s = t.s
     p = s.prefix
     results = {stage: s.kv_stage_results(stage) for stage in t.stages}
@@ -139,6 +140,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
         allow = [
             topology_lookup,
             t.stage_consumer(spec.stage),
+            *([t.stage_lanes(spec.stage)] if spec.fair_share else []),
             ("its results, the hidden split (write only), dead letters, progress" if produces_test
              else "its results, dead letters, progress", [*publishes, s.dlq, s.progress()]),
             status_read,

@@ -205,11 +205,13 @@ class Bus:
 
     # ------------------------------------------------------------------ topology
 
-    async def ensure_topology(self, stages: Sequence[str] | None = None) -> None:
+    async def ensure_topology(self, stages: Sequence[str] | None = None,
+                              fair_share: Sequence[str] | None = None) -> None:
         """Create or update every stream, bucket and store. ``stages``: the pipeline's stage names,
-        whose results the events stream holds (None: ftbus's own, shared.events.Stage)."""
+        whose results the events stream holds (None: ftbus's own, shared.events.Stage);
+        ``fair_share``: its stages with lanes (None: ftbus's own among them)."""
         s = self.subjects
-        for config in stream_configs(s, self.settings, stages):
+        for config in stream_configs(s, self.settings, stages, fair_share):
             await ensure_stream(self.js, config)
         await self.kv(s.kv_requests)
         await self.kv(s.kv_status)
@@ -299,10 +301,11 @@ class Bus:
 
     async def ensure_consumer(
         self, stream: str, durable: str, filters: list[str], *, ack_wait: float | None = None,
-        max_deliver: int | None = None,
+        max_deliver: int | None = None, inactive_threshold: float | None = None,
     ) -> None:
         """``max_deliver``: None for the setting's; -1 (unlimited) for a stage's consumer, whose
-        workers count the attempts themselves (shared/attempts.py)."""
+        workers count the attempts themselves (shared/attempts.py). ``inactive_threshold``: the server
+        removes the consumer after that many seconds unused (a fair-share lane's: shared/lanes.py)."""
         cfg = self.settings
         config = api.ConsumerConfig(
             durable_name=durable,
@@ -311,6 +314,7 @@ class Bus:
             max_deliver=cfg.max_deliver if max_deliver is None else max_deliver,
             max_ack_pending=1000,
             deliver_policy=api.DeliverPolicy.ALL,
+            inactive_threshold=inactive_threshold,
         )
         if len(filters) == 1:
             config.filter_subject = filters[0]
@@ -329,10 +333,12 @@ class Bus:
         return await self.publish_payload(subject, codec.encode(event), msg_id, retries=retries)
 
     async def publish_payload(
-        self, subject: str, payload: bytes, msg_id: str | None = None, *, retries: int = 5
+        self, subject: str, payload: bytes, msg_id: str | None = None, *, retries: int = 5,
+        headers: dict[str, str] | None = None,
     ) -> api.PubAck:
-        """:meth:`publish` of an event already encoded (``codec.encode``)."""
-        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        """:meth:`publish` of an event already encoded (``codec.encode``), with ``headers`` besides
+        the de-duplication id."""
+        headers = {**(headers or {}), **({"Nats-Msg-Id": msg_id} if msg_id else {})} or None
         # The de-duplication id makes a retry safe: a publish that did land is not stored twice.
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(_RETRYABLE_PUBLISH),

@@ -86,7 +86,23 @@ async def consume(
     await retry_transient(lambda: bus.ensure_consumer(stream, durable, list(filters), max_deliver=max_deliver),
                           durable)
     psub = await bus.js.pull_subscribe_bind(durable, stream)
-    fetching = asyncio.create_task(_fetch_loop(psub, on_message, stop, max(1, concurrency), device_slots,
+    try:
+        await serve(lambda batch: _fetch(psub, batch, durable, what), on_message, stop, concurrency=concurrency,
+                    device_slots=device_slots, durable=durable, what=what)
+    finally:
+        with contextlib.suppress(Exception):
+            await psub.unsubscribe()
+
+
+#: Up to ``batch`` messages, or none after a while (an idle fetch): where :func:`serve` gets its work.
+Take = Callable[[int], Awaitable[list[Msg]]]
+
+
+async def serve(take: Take, on_message: OnMessage, stop: asyncio.Event, *, concurrency: int = 1,
+                device_slots: int | None = None, durable: str = "", what: str = "") -> None:
+    """:func:`consume`'s loop over any ``take``: a consumer's fetch, or a fair-share stage's pick
+    among its lanes (shared/lanes.py). Until ``stop`` is set or the loop fails."""
+    fetching = asyncio.create_task(_fetch_loop(take, on_message, stop, max(1, concurrency), device_slots,
                                                durable, what))
     stopping = asyncio.create_task(stop.wait())
     try:
@@ -96,11 +112,9 @@ async def consume(
     finally:
         stopping.cancel()
         await cancel_until_done([fetching])
-        with contextlib.suppress(Exception):
-            await psub.unsubscribe()
 
 
-async def _fetch_loop(psub: Any, on_message: OnMessage, stop: asyncio.Event, concurrency: int,
+async def _fetch_loop(take: Take, on_message: OnMessage, stop: asyncio.Event, concurrency: int,
                       device_slots: int | None, durable: str, what: str) -> None:
     free = asyncio.Semaphore(concurrency)
     gate = asyncio.Semaphore(device_slots) if device_slots else None
@@ -131,7 +145,7 @@ async def _fetch_loop(psub: Any, on_message: OnMessage, stop: asyncio.Event, con
                 while not free.locked():  # every free handler, without waiting for one
                     await free.acquire()
                     wanted += 1
-            msgs = await _fetch(psub, wanted, durable, what)
+            msgs = await take(wanted)
             for _ in range(wanted - len(msgs)):
                 free.release()
             if gate is not None and not msgs:

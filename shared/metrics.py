@@ -147,6 +147,13 @@ def queue_seen(stage: str, consumer: str, info: Any) -> None:
     LAST_ACK.labels(*labels).set(last.timestamp() if last is not None else 0.0)
 
 
+def lanes_seen(stage: str, waiting: int, working: int) -> None:
+    """A fair-share stage's lanes together (shared/lanes.py), under the consumer label ``lanes``."""
+    labels = (stage_label(stage), "lanes")
+    QUEUED.labels(*labels).set(waiting + working)
+    WAITING.labels(*labels).set(waiting)
+
+
 # ---------------------------------------------------------------------------- the other hooks
 
 

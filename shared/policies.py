@@ -221,8 +221,12 @@ async def _follow_queue(worker: StageWorker) -> None:
     """The worker's consumer, as the server says, every ``metrics_poll_s`` until cancelled."""
     while True:
         try:
-            info = await worker.bus.js.consumer_info(worker.stream, worker.durable, timeout=5)
-            metrics.queue_seen(worker.stage, worker.durable, info)
+            if worker.lanes is not None:  # the queue is the lanes (shared/lanes.py)
+                lanes = await worker.lanes.summary()
+                metrics.lanes_seen(worker.stage, lanes.waiting, lanes.working)
+            else:
+                info = await worker.bus.js.consumer_info(worker.stream, worker.durable, timeout=5)
+                metrics.queue_seen(worker.stage, worker.durable, info)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # no consumer yet, the server away: the next read may work

@@ -47,6 +47,7 @@ from shared.bus import Bus
 from shared.consumer import UNLIMITED, Slot, consume
 from shared.events import DeadLetter, StageRun
 from shared.handling import Handler, Outgoing, StageContext
+from shared.lanes import Lanes
 from shared.logs import bound, get_logger
 from shared.policies import (
     AnnounceProgress,
@@ -114,6 +115,7 @@ class StageWorker:
     and timeout (:meth:`StageSpec.worker` gives it); without one, the stage's name stands in.
     ``policies`` say what happens around the handler (default: :func:`stage_policies`);
     ``dead_letter`` says which unreadable messages this consumer dead-letters (default: all).
+    ``fair_share``: take messages round-robin across campaigns (shared/lanes.py), not in arrival order.
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class StageWorker:
         dead_letter: DeadLetterRule = always_dead_letter,
         log_each: bool = True,
         row: StageSpec | None = None,
+        fair_share: bool = False,
     ) -> None:
         self.bus = bus
         self.stage = stage
@@ -152,6 +155,12 @@ class StageWorker:
         self.policies: tuple[Policy, ...] = tuple(stage_policies() if policies is None else policies)
         self.dead_letter = dead_letter
         self.row = row
+        #: Its stage's lanes, where a fair-share stage's requests wait by campaign; None: arrival order.
+        self.lanes = Lanes(bus, stage) if fair_share else None
+        if fair_share and not any(policy.counts_attempts for policy in self.policies):
+            # A lane's consumer delivers without limit (the server's count would end a request with
+            # no advisory the aggregator reads): the attempt count is what ends it.
+            raise ValueError(f"{stage}: a fair-share worker needs a policy that counts attempts (AttemptLimit)")
         #: Log every message's start and end at INFO (a stage's runs); off: at DEBUG (the
         #: aggregator's several events per request, which log what they change themselves).
         self._note = log.info if log_each else log.debug
@@ -173,9 +182,13 @@ class StageWorker:
             # On stop, do not finish a training that may take hours: the loops are cancelled (the
             # runner kills its process tree) and the message naked, so another worker takes it.
             counted_here = any(policy.counts_attempts for policy in self.policies)
-            await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
-                          concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage,
-                          max_deliver=UNLIMITED if counted_here else None)
+            if self.lanes is not None:  # fair share: round-robin across campaigns (shared/lanes.py)
+                await self.lanes.run(stop, self.durable, self.filters, self._process, concurrency=self.concurrency,
+                                     device_slots=self.device_slots, what=self.stage)
+            else:
+                await consume(self.bus, self.stream, self.durable, self.filters, self._process, stop,
+                              concurrency=self.concurrency, device_slots=self.device_slots, what=self.stage,
+                              max_deliver=UNLIMITED if counted_here else None)
         finally:
             for policy in self.policies:
                 await policy.stop()

@@ -351,6 +351,24 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="How often a worker reads its stage consumer's queue from the server.",
     )
 
+    # ------------------------------------------------------------------ fair share (docs/operations.md, "Fair share")
+    fair_share: bool = Field(
+        default=True,
+        description="The GPU stages (train, bench) take their next request round-robin across campaigns, weighted "
+        "by `fair_share_weights`, instead of in arrival order (shared/lanes.py). Off: arrival order.",
+    )
+    fair_share_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="A campaign's share of the GPU stages' turns, by campaign name (default 1): a campaign of "
+        "weight 2 is served twice as often as one of weight 1 while both wait. Requests without a campaign "
+        "share the lane `_none`.",
+    )
+    fair_share_caps: dict[str, int] = Field(
+        default_factory=dict,
+        description="The most requests of a campaign one GPU stage works on at once, across all its workers, "
+        "by campaign name (`_none`: requests without a campaign); absent: no cap.",
+    )
+
     # ------------------------------------------------------------------ retention (docs/operations.md, "Retention")
     artifact_max_age_s: float = Field(
         default=14 * DAY, gt=0,
@@ -409,6 +427,22 @@ class Settings(BaseSettings):
         "failures in a burst: about 10% more a second, bench/precheck_burst.py) or the standard asyncio loop.",
     )
 
+
+    @field_validator("fair_share_weights")
+    @classmethod
+    def _weights_positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for campaign, weight in value.items():
+            if not weight > 0:
+                raise ValueError(f"fair_share_weights: {campaign}'s weight must be more than 0, not {weight}")
+        return value
+
+    @field_validator("fair_share_caps")
+    @classmethod
+    def _caps_positive(cls, value: dict[str, int]) -> dict[str, int]:
+        for campaign, cap in value.items():
+            if cap < 1:
+                raise ValueError(f"fair_share_caps: {campaign}'s cap must be at least 1, not {cap}")
+        return value
 
     @field_validator("judge_confidence_level", mode="before")
     @classmethod

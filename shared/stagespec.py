@@ -114,6 +114,9 @@ class StageSpec:
     #: messages per slot, so that the next one starts as the last one's device work ends instead
     #: of after its uploads (shared/consumer.py).
     device_phase: bool = False
+    #: Its workers take requests round-robin across campaigns (shared/lanes.py), with the
+    #: ``fair_share`` setting on: a stage where requests wait long enough for the order to matter.
+    fair_share: bool = False
     #: Policies its worker runs besides :func:`shared.runtime.stage_policies` and the attempt
     #: count (shared/attempts.py), e.g. the bench worker's warm engine, stopped when the worker stops.
     extra_policies: Callable[[], Sequence[Policy]] = tuple
@@ -229,4 +232,5 @@ class StageSpec:
         slots = concurrency if self.device_phase else None
         return StageWorker(bus, self.stage, self.handler, self.accepted(pipeline),
                            concurrency=2 * concurrency if self.device_phase else concurrency,
-                           device_slots=slots, runner=runner, filters=filters, policies=policies, row=self)
+                           device_slots=slots, runner=runner, filters=filters, policies=policies, row=self,
+                           fair_share=self.fair_share and bus.settings.fair_share)

@@ -13,7 +13,7 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
 from shared.settings import Settings
-from shared.subjects import Subjects
+from shared.subjects import Subjects, fair_share_stages
 
 
 class TopologyMismatch(RuntimeError):
@@ -29,9 +29,11 @@ _EDITABLE_STREAM_FIELDS = (
 )
 
 
-def stream_configs(s: Subjects, cfg: Settings, stages: Sequence[str] | None = None) -> list[api.StreamConfig]:
+def stream_configs(s: Subjects, cfg: Settings, stages: Sequence[str] | None = None,
+                   fair_share: Sequence[str] | None = None) -> list[api.StreamConfig]:
     """Every stream of the deployment. ``stages``: the pipeline's stage names, whose results the
-    events stream holds (None: ftbus's own, shared.events.Stage)."""
+    events stream holds (None: ftbus's own, shared.events.Stage); ``fair_share``: its stages with
+    lanes (None: ftbus's own among ``stages``, shared.subjects.FAIR_SHARE_STAGES)."""
     common: dict[str, Any] = {
         "storage": api.StorageType.FILE,
         "num_replicas": cfg.stream_replicas,
@@ -54,7 +56,20 @@ def stream_configs(s: Subjects, cfg: Settings, stages: Sequence[str] | None = No
         api.StreamConfig(name=s.stream_advisories,
                          subjects=[s.max_deliveries_advisory(stream) for stream in (s.stream_events, s.stream_test)],
                          **common),
+        *(lanes_stream_config(s, cfg, stage) for stage in fair_share_stages(stages, fair_share)),
     ]
+
+
+def lanes_stream_config(s: Subjects, cfg: Settings, stage: str) -> api.StreamConfig:
+    """A fair-share stage's lanes (shared/lanes.py), created with the topology (stream management is
+    the topology's users' alone: deploy/nats/accounts.conf). Limits
+    retention (not work-queue, which allows no consumer over every lane): the worker deletes a
+    request from it as it settles it, and the age limit removes what a lost delete left."""
+    return api.StreamConfig(name=s.stream_lanes(stage), subjects=[s.lane(stage)],
+                            retention=api.RetentionPolicy.LIMITS, storage=api.StorageType.FILE,
+                            num_replicas=cfg.stream_replicas, max_age=cfg.event_max_age_s,
+                            duplicate_window=cfg.duplicate_window_s,
+                            description=f"{stage}'s waiting requests, a subject per campaign")
 
 
 def _shown(value: Any) -> str:

@@ -57,6 +57,10 @@ class Subjects:
     def progress(self, request_id: str = "*") -> str:
         return f"{self.prefix}.progress.{request_id}"
 
+    def lane(self, stage: str, lane: str = "*") -> str:
+        """Where a fair-share stage's requests of one campaign wait (shared/lanes.py)."""
+        return f"{self.prefix}.lanes.{stage}.{lane}"
+
     # ----------------------------------------------------------- streams
 
     @property
@@ -83,6 +87,12 @@ class Subjects:
     def stream_advisories(self) -> str:
         return f"{self.prefix.upper()}_ADVISORIES"
 
+    def stream_lanes(self, stage: str) -> str:
+        """A fair-share stage's waiting requests, one subject per campaign; a request is deleted from
+        it when its stage settles it. A stream per stage, so that a stage's user may read and ack its
+        own lanes only (its consumers' names are not subject tokens)."""
+        return f"{self.prefix.upper()}_LANES_{stage.upper()}"
+
     def max_deliveries_advisory(self, stream: str | None = None, durable: str = "*") -> str:
         return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream or self.stream_events}.{durable}"
 
@@ -98,6 +108,15 @@ class Subjects:
 
     def durable(self, stage: str) -> str:
         return f"{self.prefix}-{stage}"
+
+    def lane_durable(self, stage: str, lane: str) -> str:
+        """The durable consumer of one lane of a fair-share stage."""
+        return f"{self.prefix}-{stage}-lane-{lane}"
+
+    def lanes_gauge(self, stage: str) -> str:
+        """A fair-share stage's consumer of every lane together, never read: its lag is the requests
+        waiting or in work at the stage, which an autoscaler reads (KEDA: deploy/k8s-keda)."""
+        return f"{self.prefix}-{stage}-lanes"
 
     # ----------------------------------------------------------- buckets
 
@@ -161,7 +180,21 @@ def pipeline_stages(stages: Sequence[str] | None = None) -> list[str]:
     return list(Stage if stages is None else stages)
 
 
-def topology_stream_names(subjects: Subjects, stages: Sequence[str] | None = None) -> list[str]:
+#: ftbus's own fair-share stages (the rows that say ``fair_share``, shared/lanes.py), for the same
+#: callers without a table; tests/unit/test_pipeline_specs.py holds it equal to the table's.
+FAIR_SHARE_STAGES: tuple[str, ...] = ("train", "bench")
+
+
+def fair_share_stages(stages: Sequence[str] | None = None, fair_share: Sequence[str] | None = None) -> list[str]:
+    """The stages with lanes (a lanes stream each) in the pipeline of ``stages``: ``fair_share`` (from
+    its table), else those of ftbus's own that it has."""
+    if fair_share is not None:
+        return list(fair_share)
+    return [stage for stage in pipeline_stages(stages) if stage in FAIR_SHARE_STAGES]
+
+
+def topology_stream_names(subjects: Subjects, stages: Sequence[str] | None = None,
+                          fair_share: Sequence[str] | None = None) -> list[str]:
     """Every stream `Bus.ensure_topology` creates for the pipeline of ``stages`` (:func:`pipeline_stages`),
     KV buckets and object stores included (as the server names them): what a readiness check must
     find before a restricted worker starts."""
@@ -172,6 +205,7 @@ def topology_stream_names(subjects: Subjects, stages: Sequence[str] | None = Non
         subjects.stream_reports,
         subjects.stream_dlq,
         subjects.stream_advisories,
+        *(subjects.stream_lanes(stage) for stage in fair_share_stages(stages, fair_share)),
         f"KV_{subjects.kv_requests}",
         f"KV_{subjects.kv_status}",
         f"KV_{subjects.kv_campaigns}",

@@ -76,6 +76,9 @@ def memory_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "home": tmp_path / "home", "artifact_store": "filesystem", "artifact_dir": tmp_path / "artifacts",
         "sandbox": "local", "judge_model": None, "ack_wait_s": 2.0, "heartbeat_s": 0.5, "max_deliver": 3,
         "retry_backoff_s": [0.01], "log_format": "console", "log_level": "WARNING",
+        # Lanes list their consumers (shared/lanes.py), which this bus does not keep: the fair-share
+        # order is tested on a real server (tests/integration/test_fair_share.py).
+        "fair_share": False,
     }
     return Settings(**{**values, **overrides})
 

@@ -32,6 +32,7 @@ from shared.bus import Bus
 from shared.campaigns import CampaignRecord
 from shared.events import DeadLetter, Progress, Report, Stage, Verdict
 from shared.kv_scan import BucketWatch, latest
+from shared.lanes import Lane, lanes_listing
 from shared.logs import get_logger
 from shared.records import RequestRecord
 from shared.settings import Settings
@@ -241,6 +242,16 @@ class DashboardState:
                 log.debug("stats poll failed", error=str(exc))
             await asyncio.sleep(self.settings.dashboard_poll_s)
 
+    async def _lanes(self, stage: str) -> list[Lane] | None:
+        """A fair-share stage's lanes (shared/lanes.py), where its requests wait; None: it has none."""
+        assert self.bus is not None
+        try:
+            lanes = await lanes_listing(self.bus.js, self.bus.subjects, stage)
+        except NotFoundError:
+            return None
+        metrics.lanes_seen(stage, sum(lane.waiting for lane in lanes), sum(lane.working for lane in lanes))
+        return lanes
+
     async def refresh_stats(self) -> None:
         assert self.bus is not None
         s = self.bus.subjects
@@ -249,7 +260,7 @@ class DashboardState:
             durable = s.durable(stage)
             try:
                 info = await self.bus.js.consumer_info(s.stream_events, durable, timeout=5)
-                stats.append(views.stage_stats_from_info(stage, durable, info))
+                stats.append(views.stage_stats_from_info(stage, durable, info, await self._lanes(stage)))
                 metrics.queue_seen(stage, durable, info)  # read here also when a stage has no worker
             except NotFoundError:
                 stats.append(views.StageStats(stage, durable, error="no worker has started yet"))

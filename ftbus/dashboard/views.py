@@ -6,7 +6,7 @@ serialises what they return. Every number on a page comes from one of these.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,6 +23,7 @@ from shared.events import (
     Verdict,
     VerdictResult,
 )
+from shared.lanes import Lane
 from shared.records import RequestRecord
 from shared.statistics import PairedComparison
 
@@ -80,13 +81,15 @@ class StageStats:
         }
 
 
-def stage_stats_from_info(stage: str, consumer: str, info: Any) -> StageStats:
-    """From nats-py's ``ConsumerInfo``."""
+def stage_stats_from_info(stage: str, consumer: str, info: Any, lanes: Sequence[Lane] | None = None) -> StageStats:
+    """From nats-py's ``ConsumerInfo``, and a fair-share stage's ``lanes``: its requests wait there
+    (the stage's consumer only hands them to its lanes, shared/lanes.py), so they count too."""
+    lanes = lanes or ()
     return StageStats(
         stage=stage,
         consumer=consumer,
-        pending=int(info.num_pending or 0),
-        in_flight=int(info.num_ack_pending or 0),
+        pending=int(info.num_pending or 0) + sum(lane.waiting for lane in lanes),
+        in_flight=int(info.num_ack_pending or 0) + sum(lane.working for lane in lanes),
         redeliveries=int(info.num_redelivered or 0),
         waiting=int(info.num_waiting or 0),
     )

@@ -435,6 +435,7 @@ SPEC = StageSpec(
     emits=lambda s: [s.completed("bench"), s.failed("bench"), s.bench_test],
     handler=handle,
     sandboxed=True,
+    fair_share=True,  # a GPU stage: campaigns take turns (shared/lanes.py)
     # The worker's warm engine (evaluation/warm.py) stops with it.
     extra_policies=lambda: (EnginePolicy(),),
     result=BenchResult,

@@ -228,7 +228,7 @@ async def _upload_outputs(ctx: StageContext, rid: str, workspace: Path, output_d
 
 # It reads the results of the stage before it (the data stage's in ftbus's pipeline): any StageResult.
 SPEC = StageSpec(stage=Stage.train, label="train", handler=handle, sandboxed=True,
-                 disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True,
+                 disk_quota=lambda settings: settings.train_disk_quota_bytes, device_phase=True, fair_share=True,
                  result=TrainResult, record_name=FailedStage.training, words="training",
                  grants=Grants(
                      note="`ftbus worker train` (GPU nodes). Same shape as data.",

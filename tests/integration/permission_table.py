@@ -23,7 +23,7 @@ from shared.bus import Bus
 from shared.events import Stage
 from shared.kv_scan import latest, list_keys
 from shared.object_artifacts import ObjectStoreArtifacts
-from shared.subjects import Subjects
+from shared.subjects import FAIR_SHARE_STAGES, Subjects
 
 S = Subjects("ftbus")
 STAGE_USERS = {Stage.data: "data", Stage.train: "train", Stage.bench: "bench", Stage.judge: "judge",
@@ -135,10 +135,11 @@ def core_subscribe(subject: str) -> OpFn:
 
 
 def stream_get(stream: str) -> OpFn:
-    """$JS.API.STREAM.MSG.GET: the first message, with its data."""
+    """$JS.API.STREAM.MSG.GET: the first message, with its data (the first left: a lanes stream
+    deletes what its stage settled)."""
 
     async def run(bus: Bus, ctx: Context) -> None:
-        msg = await bus.guard(bus.js.get_msg(stream, seq=1, next=True))
+        msg = await bus.guard(bus.js.get_msg(stream, seq=1, next=True, subject=">"))
         assert msg.data is not None
 
     return run
@@ -184,6 +185,32 @@ def durable_create(stream: str) -> OpFn:
         assert info.name == name
 
     return run
+
+
+def msg_delete(stream: str) -> OpFn:
+    """Delete one message of ``stream`` (a fair-share worker deletes a request it settled): one the
+    admin publishes for the purpose."""
+
+    async def run(bus: Bus, ctx: Context) -> None:
+        info = await ctx.admin.js.stream_info(stream)
+        ack = await ctx.admin.js.publish(info.config.subjects[0].replace("*", "probe"), b"{}")
+        assert await bus.guard(bus.js.delete_msg(stream, ack.seq))
+
+    return run
+
+
+def consumers_list(stream: str) -> OpFn:
+    """List ``stream``'s consumers (a fair-share worker's pick among its lanes; the dashboard)."""
+
+    async def run(bus: Bus, ctx: Context) -> None:
+        infos = await bus.guard(bus.js.consumers_info(stream))
+        assert any(info.name == S.lanes_gauge(_stage_of(stream)) for info in infos), infos
+
+    return run
+
+
+def _stage_of(lanes_stream: str) -> str:
+    return next(stage for stage in FAIR_SHARE_STAGES if S.stream_lanes(stage) == lanes_stream)
 
 
 def stream_create_mirror(source: str) -> OpFn:
@@ -382,6 +409,15 @@ def build_table() -> list[Op]:
                             (S.stream_advisories, f"{agg}-advisories")):
         add(f"consumer info {stream}/{durable}", durable_info(stream, durable), _users("aggregate", "dashboard"),
             stream)
+    # --- a fair-share stage's lanes (shared/lanes.py): its own, and the dashboard's counts
+    for stage in FAIR_SHARE_STAGES:
+        lanes, gauge = S.stream_lanes(stage), S.lanes_gauge(stage)
+        add(f"publish {S.lane(stage)}", js_publish(S.lane(stage)), _users(stage), S.lane(stage).rstrip(".*"))
+        add(f"read {lanes} (message get)", stream_get(lanes), _users(), lanes)
+        add(f"create a durable consumer on {lanes}", durable_create(lanes), _users(stage), lanes)
+        add(f"list the consumers of {lanes}", consumers_list(lanes), _users(stage, "dashboard"), lanes)
+        add(f"consumer info {lanes}/{gauge}", durable_info(lanes, gauge), _users(stage, "dashboard"), lanes)
+        add(f"delete a message of {lanes}", msg_delete(lanes), _users(stage), lanes)
     # --- KV buckets
     results = {stage: S.kv_stage_results(stage) for stage in Stage}
     for bucket, get_who, keys_who, put_who in (
@@ -438,8 +474,10 @@ def markdown_table() -> str:
 async def seed(admin: Bus) -> None:
     """One message in every stream, one key in every bucket, one object in every store, so that an
     allowed read proves that it read something."""
+    for stage in FAIR_SHARE_STAGES:  # the consumer over every lane, as the stage's first worker makes it
+        await admin.ensure_consumer(S.stream_lanes(stage), S.lanes_gauge(stage), [S.lane(stage)], max_deliver=-1)
     for stream in (S.stream_dlq, S.stream_advisories, S.stream_test, S.stream_reports, S.stream_verdicts,
-                   S.stream_events):
+                   S.stream_events, *(S.stream_lanes(stage) for stage in FAIR_SHARE_STAGES)):
         info = await admin.js.stream_info(stream)
         if info.state.messages == 0:
             subject = info.config.subjects[0].replace("*", "seed")

@@ -214,10 +214,15 @@ async def test_prometheus_scrapes_every_worker_and_the_dashboard_and_reads_the_s
             runs = prom.until('sum by (job) (ftbus_sandbox_runs_total{cause="ok",sandbox="local"})',
                               lambda a: {"data", "train"} <= set(_by("job", a)), "the sandbox runs")
             assert all(v >= 1 for v in runs.values()), runs
-            # Every stage's queue, read from JetStream by its worker and by the dashboard, drained.
-            queued = prom.until("ftbus_stage_queued", lambda a: len({k for k in a if "job=dashboard" in k}) == 5
+            # Every stage's queue, read from JetStream by its worker and by the dashboard, drained:
+            # five consumers, and the lanes of the two fair-share stages (shared/lanes.py).
+            queued = prom.until("ftbus_stage_queued", lambda a: len({k for k in a if "job=dashboard" in k}) == 7
                                 and all(v == 0 for v in a.values()), "the stage queues")
             assert {stage for stage in _by("stage", queued)} == set(STAGES)
+            lanes = {key for key in queued if "consumer=lanes" in key}
+            assert {(job, stage) for job in ("dashboard", "train", "bench") for stage in ("train", "bench")
+                    if any(f"job={job}" in k and f"stage={stage}" in k for k in lanes)} == {
+                ("dashboard", "train"), ("dashboard", "bench"), ("train", "train"), ("bench", "bench")}
             # Nothing failed, nothing is in flight, and no label names a request.
             assert prom.query('ftbus_stage_outcomes_total{outcome!="ok"} > 0') == {}
             assert all(v == 0 for v in prom.query("ftbus_stage_in_flight").values())

@@ -24,7 +24,7 @@ from ftbus.permissions import render
 from ftbus.stages import PIPELINE
 from shared.events import Stage
 from shared.settings import Settings
-from shared.subjects import Subjects, topology_stream_names
+from shared.subjects import FAIR_SHARE_STAGES, Subjects, topology_stream_names
 from tests.integration.permission_table import CONNECTION_NAMES, TABLE, markdown_table
 from tests.integration.secured_nats import ACCOUNTS_CONF, REPO
 
@@ -44,6 +44,8 @@ def code_subjects() -> dict[str, str]:
                 found[attr] = value
     for attr in ("verdict", "report", "progress"):
         found[attr] = getattr(S, attr)()
+    for stage in FAIR_SHARE_STAGES:  # each fair-share stage's lanes (shared/lanes.py)
+        found[f"lane:{stage}"] = S.lane(stage)
     for spec in PIPELINE:  # each stage's results (Subjects.completed, .failed), as the table says
         for subject in spec.subjects(S):
             found[f"{subject.split('.')[-1]}({spec.stage})"] = subject

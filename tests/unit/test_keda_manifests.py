@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ftbus.stages import PIPELINE
 from shared.events import Stage
 from shared.subjects import Subjects
 
@@ -118,8 +119,19 @@ def test_in_flight_messages_count_so_the_threshold_is_what_a_pod_holds() -> None
     much lag by itself, so a threshold below it would grow a pool that is merely busy."""
     scaled = _scaled_objects()
     for stage in (Stage.data, Stage.judge, *GPU_STAGES):
-        (trigger,) = _triggers(scaled[f"ftbus-{stage.value}"])
-        assert int(trigger["lagThreshold"]) == _concurrency(_deployment(stage)), stage
+        for trigger in _triggers(scaled[f"ftbus-{stage.value}"]):
+            assert int(trigger["lagThreshold"]) == _concurrency(_deployment(stage)), stage
+
+
+def test_fair_share_stages_also_scale_on_their_lanes() -> None:
+    """A fair-share stage's workers empty its consumer into lanes at once (shared/lanes.py): what
+    waits or is in work is the lag of the consumer over every lane, which the workers create."""
+    subjects = Subjects(_prefix())
+    scaled = _scaled_objects()
+    for spec in PIPELINE:
+        triggers = {(t["stream"], t["consumer"]) for t in _triggers(scaled[f"ftbus-{spec.stage}"])}
+        lanes = (subjects.stream_lanes(spec.stage), subjects.lanes_gauge(spec.stage))
+        assert (lanes in triggers) == spec.fair_share, spec.stage
 
 
 def test_gpu_stages_one_gpu_per_pod_and_scale_to_zero() -> None:

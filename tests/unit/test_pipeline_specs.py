@@ -10,7 +10,7 @@ from ftbus.stages import BY_STAGE, LABELS, PIPELINE
 from services.aggregator.service import Aggregator
 from shared.events import Stage, Timeouts
 from shared.settings import Settings
-from shared.subjects import Subjects
+from shared.subjects import FAIR_SHARE_STAGES, Subjects
 
 S = Subjects("ftbus")
 
@@ -19,6 +19,11 @@ def test_every_stage_once_in_order() -> None:
     assert [spec.stage for spec in PIPELINE] == list(Stage)
     assert list(LABELS) == [stage.value for stage in Stage]
     assert list(STAGE_LABELS) == ["data", "train", "bench", "judge"]  # the progress bars, in order
+
+
+def test_the_fair_share_stages_without_a_table_are_the_tables() -> None:
+    """The topology's lanes streams (shared/streams.py) follow FAIR_SHARE_STAGES where no table is at hand."""
+    assert [spec.stage for spec in PIPELINE if spec.fair_share] == list(FAIR_SHARE_STAGES) == ["train", "bench"]
 
 
 def test_what_a_stage_emits_is_what_the_next_consumes() -> None:
