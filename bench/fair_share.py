@@ -47,11 +47,15 @@ async def late_campaign_wait(args: argparse.Namespace, root: Path, fair_share: b
                                   rid_b, campaign="campaign-b")
         await asyncio.gather(*(stand.publish(event) for event in queued))
         print(f"fair_share={fair_share}: campaign A queued {args.queue}", file=sys.stderr)
-        first = queued[0].request_id
+        ids = {event.request_id for event in queued}
+
+        def trained() -> list[tuple[float, float]]:
+            return sorted(stage["train"] for rid, stage in stand.spans().items() if rid in ids and "train" in stage)
+
         # A's first training done, its second begun (the timing lines come from the worker process)
-        while "train" not in stand.spans().get(first, {}):  # noqa: ASYNC110
+        while not trained():  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        started, ended = stand.spans()[first]["train"]
+        started, ended = trained()[0]
         # B arrives half way through a training of A's, as a request that comes at a random moment
         # does on average.
         await asyncio.sleep(max(0.0, ended + (ended - started) / 2 - time.time()))
