@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, PositiveFloat, PositiveInt, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -357,13 +357,13 @@ class Settings(BaseSettings):
         description="The GPU stages (train, bench) take their next request round-robin across campaigns, weighted "
         "by `fair_share_weights`, instead of in arrival order (shared/lanes.py). Off: arrival order.",
     )
-    fair_share_weights: dict[str, float] = Field(
+    fair_share_weights: dict[str, PositiveFloat] = Field(
         default_factory=dict,
         description="A campaign's share of the GPU stages' turns, by campaign name (default 1): a campaign of "
         "weight 2 is served twice as often as one of weight 1 while both wait. Requests without a campaign "
         "share the lane `_none`.",
     )
-    fair_share_caps: dict[str, int] = Field(
+    fair_share_caps: dict[str, PositiveInt] = Field(
         default_factory=dict,
         description="The most requests of a campaign one GPU stage works on at once, across all its workers, "
         "by campaign name (`_none`: requests without a campaign); absent: no cap.",
@@ -427,22 +427,6 @@ class Settings(BaseSettings):
         "failures in a burst: about 10% more a second, bench/precheck_burst.py) or the standard asyncio loop.",
     )
 
-
-    @field_validator("fair_share_weights")
-    @classmethod
-    def _weights_positive(cls, value: dict[str, float]) -> dict[str, float]:
-        for campaign, weight in value.items():
-            if not weight > 0:
-                raise ValueError(f"fair_share_weights: {campaign}'s weight must be more than 0, not {weight}")
-        return value
-
-    @field_validator("fair_share_caps")
-    @classmethod
-    def _caps_positive(cls, value: dict[str, int]) -> dict[str, int]:
-        for campaign, cap in value.items():
-            if cap < 1:
-                raise ValueError(f"fair_share_caps: {campaign}'s cap must be at least 1, not {cap}")
-        return value
 
     @field_validator("judge_confidence_level", mode="before")
     @classmethod
