@@ -85,6 +85,7 @@ def test_down_after_a_failure_leaves_no_namespace_link_or_process() -> None:
         try:
             network.up()
             sleeper = subprocess.Popen([*network.exec_prefix(1), "sleep", "300"])
+            wait_until_inside(sleeper, network.ns(1))
             raise RuntimeError("the run failed")
         finally:
             left = network.down()
@@ -107,6 +108,7 @@ def test_namespaces_of_a_run_that_died_are_reaped_with_their_processes() -> None
     name = f"ftbus-chaos-{dead}-h1"
     subprocess.run(["ip", "netns", "add", name], check=True)
     orphan = subprocess.Popen(["nsenter", f"--net=/run/netns/{name}", "--", "sleep", "300"])
+    wait_until_inside(orphan, name)
     assert name in reap_stale()
     assert name not in namespaces()
     assert orphan.wait(timeout=10) == -9
@@ -115,6 +117,17 @@ def test_namespaces_of_a_run_that_died_are_reaped_with_their_processes() -> None
 def pids_in(name: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False).stdout
     return [int(pid) for pid in out.split()]
+
+
+def wait_until_inside(proc: subprocess.Popen[bytes], name: str, timeout_s: float = 30) -> None:
+    """Until ``proc`` (an nsenter) has entered namespace ``name``: before that, a clean-up that
+    lists the namespace's processes cannot see it (on a loaded machine, nsenter may open the
+    namespace, be overtaken by the clean-up and enter it after)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.pid not in pids_in(name):
+        assert proc.poll() is None, f"{proc.args} ended with {proc.returncode} before entering {name}"
+        assert time.monotonic() < deadline, f"{proc.args} did not enter {name} in {timeout_s} s"
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(300)

@@ -26,11 +26,18 @@ FAST_S = 10.0
 async def _assert_fast(env: dict[str, str], took: float, args: tuple[str, ...]) -> None:
     """Under 10 s; on a machine so loaded that the interpreter's start and imports alone take
     seconds, under 10 s more than the same command with a connect budget of a tenth of a second (the
-    same imports and code path, without the wait that the budget bounds)."""
-    if took < FAST_S:
-        return
-    *_, start_up = await _run({**env, "FTBUS_CONNECT_BUDGET_S": "0.1"}, *args)
-    assert took - start_up < FAST_S, f"{args}: {took:.1f} s, of which {start_up:.1f} s without the budget's wait"
+    same imports and code path, without the wait that the budget bounds). A burst of load can fall on
+    one run and not the other: the command is timed twice before it is called slow (a hang, the
+    defect this guards against, is slow both times)."""
+    for attempt in (1, 2):
+        if took < FAST_S:
+            return
+        *_, start_up = await _run({**env, "FTBUS_CONNECT_BUDGET_S": "0.1"}, *args)
+        if took - start_up < FAST_S:
+            return
+        if attempt == 1:
+            *_, took = await _run(env, *args)
+    raise AssertionError(f"{args}: {took:.1f} s, of which {start_up:.1f} s without the budget's wait")
 
 
 def _offline_env(home: Path, assets: Path | None = None) -> dict[str, str]:
