@@ -37,6 +37,7 @@ from shared.events import DeadLetter
 from shared.handling import StageContext
 from shared.logs import get_logger
 from shared.policies import Policy
+from shared.retry import TRANSIENT
 
 if TYPE_CHECKING:
     from shared.runtime import StageWorker
@@ -138,7 +139,15 @@ class AttemptLimit(Policy):
         await _write(kv, key, record, revision)
 
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
-        """The handler raised: one attempt counted."""
+        """The handler raised: one attempt counted, unless the NATS server itself was unavailable
+        (a leader election, a partition: :data:`shared.retry.TRANSIENT`), which is the
+        infrastructure's loss, not the candidate's. A request that never gets past such errors ends
+        at the sweeper's deadline instead."""
+        if isinstance(exc, TRANSIENT):
+            log.warning("the NATS server was unavailable: this attempt does not count",
+                        error=f"{type(exc).__name__}: {exc}")
+            await self._release(ctx)
+            return
         await self._release(ctx, failed=True, error=f"{type(exc).__name__}: {exc}")
 
     async def finished(self, ctx: StageContext, outgoing: list[Any]) -> None:

@@ -99,3 +99,24 @@ async def test_a_worker_that_stops_during_the_handling_counts_no_attempt(bus: Me
     record = await attempts_of(bus, "stopped-1")
     assert (record.holder, record.counted) == (None, 0)  # released before its nak: the next worker runs at once
     assert bus.tracking(ack, durable(bus)).naks == 1
+
+
+async def test_a_handler_that_meets_an_unavailable_nats_server_counts_no_attempt(bus: MemoryBus) -> None:
+    """A JetStream 503 (a leader election, a partition) is the infrastructure's: more of them than
+    max_deliver still end in the stage's result, not a dead letter."""
+    import nats.js.errors
+
+    runs = bus.settings.max_deliver + 1
+
+    async def unavailable_then_fine(event: DataResult, ctx: StageContext) -> None:
+        if len(handler.runs) < runs:
+            raise nats.js.errors.ServiceUnavailableError(description="JetStream system temporarily unavailable")
+
+    handler = Counting(unavailable_then_fine)
+    async with running(bus, counting_worker(bus, handler)):
+        ack = await send(bus, "shaken-1")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="the message acked")
+    assert len(handler.runs) == runs
+    assert bus.events(bus.subjects.dlq, DeadLetter) == []
+    record = await attempts_of(bus, "shaken-1")
+    assert (record.failed, record.lost, record.holder) == (0, [], None)
