@@ -9,8 +9,8 @@ fixed cost of a takeover, so a row states that cost in seconds as well.
 
 The killed run's train worker is a `ftbus worker train` process: once the request's status shows
 a step past 200, its process group gets SIGKILL (the worker and its LlamaFactory, as a lost
-node), and a new train worker starts. Its message comes back
-after ``ack_wait_s`` (10 s here), and it resumes from the latest uploaded checkpoint.
+node), and a new train worker starts. Its message comes back after ``ack_wait_s`` (10 s here),
+and it resumes from the latest uploaded checkpoint.
 
 Training time is the train stage's, from its first start to its result (the record's timing): the
 killed run's includes the lost steps since the checkpoint, the wait for the redelivery and the
@@ -56,7 +56,7 @@ TASK = TaskSpec(base_model="tiny-llama", benchmark="tiny-sentiment", involving_d
 STEPS = 400
 KILL_AFTER = 200
 EVERY = 40
-#: Reviews a step: a batch of 8, accumulated twice.
+#: Reviews a step: a batch of 8, accumulated 8 times.
 BATCH, ACCUMULATION = 8, 8
 TARGET = 1.3
 

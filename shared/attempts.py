@@ -141,8 +141,8 @@ class AttemptLimit(Policy):
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
         """The handler raised: one attempt counted, unless the NATS server itself was unavailable
         (a leader election, a partition: :data:`shared.retry.TRANSIENT`), which is the
-        infrastructure's loss, not the candidate's. A request that never gets past such errors ends
-        at the sweeper's deadline instead."""
+        infrastructure's loss, not the candidate's. Such retries have no limit yet: each one's
+        ``retrying`` progress keeps the record fresh, so the sweeper does not end them either."""
         if isinstance(exc, TRANSIENT):
             log.warning("the NATS server was unavailable: this attempt does not count",
                         error=f"{type(exc).__name__}: {exc}")
