@@ -13,6 +13,13 @@ own results bucket, key ``<request_id>.<stage>.attempts``, written with compare-
 - ``lost``: holders that went silent (no beat for ``ack_wait_s / 2``) and were taken over: a worker
   that died during the handling. A holder that was only cut off (a partition) and beats again, or
   ends, takes itself off this list: it was alive.
+- ``unavailable``: handlings that met an unavailable NATS server (:data:`shared.retry.TRANSIENT`:
+  a leader election, a partition). They do not count against the candidate, but they are not
+  free either: after ``UNAVAILABLE_PER_ATTEMPT × max_deliver`` of them (with the backoff's 60 s
+  between tries, about 50 minutes of an unavailable server at the defaults) the request is
+  dead-lettered, saying the server was unavailable. Without that limit, a handler that always
+  meets a timeout would be retried for ever: each retry's progress keeps the record fresh, so the
+  sweeper would not end it.
 
 Before a handler runs, :meth:`AttemptLimit.claim` reads the record: a live holder elsewhere makes
 this delivery wait (naked for ``ack_wait_s``: the same request never runs twice at once while its
@@ -46,6 +53,9 @@ log = get_logger("ftbus.attempts")
 
 #: Compare-and-set tries of one claim before the delivery is left to come back.
 CLAIM_TRIES = 5
+#: Handlings that met an unavailable NATS server, per ``max_deliver``, before the request is
+#: dead-lettered: an outage is forgiven ten times longer than a candidate's own failure.
+UNAVAILABLE_PER_ATTEMPT = 10
 
 
 class Attempts(BaseModel):
@@ -57,6 +67,7 @@ class Attempts(BaseModel):
     beat_at: float = 0.0
     failed: int = 0
     lost: list[str] = Field(default_factory=list)
+    unavailable: int = 0
     last_error: str = ""
 
     @property
@@ -108,7 +119,8 @@ class AttemptLimit(Policy):
                             holder=record.holder, beat_age_s=round(age, 1), delivery=deliveries)
                 record.lost.append(record.holder)
                 record.holder = None
-            if record.counted >= settings.max_deliver:
+            if record.counted >= settings.max_deliver or (
+                    record.unavailable >= UNAVAILABLE_PER_ATTEMPT * settings.max_deliver):
                 await self._give_up(worker, msg, request_id, record)
                 return False
             record.holder, record.beat_at = me, time.time()
@@ -141,14 +153,15 @@ class AttemptLimit(Policy):
     async def retrying(self, ctx: StageContext, exc: Exception) -> None:
         """The handler raised: one attempt counted, unless the NATS server itself was unavailable
         (a leader election, a partition: :data:`shared.retry.TRANSIENT`), which is the
-        infrastructure's loss, not the candidate's. Such retries have no limit yet: each one's
-        ``retrying`` progress keeps the record fresh, so the sweeper does not end them either."""
+        infrastructure's loss, not the candidate's: it is counted in ``unavailable``, which has a
+        limit of its own (:data:`UNAVAILABLE_PER_ATTEMPT` × ``max_deliver``)."""
+        error = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, TRANSIENT):
-            log.warning("the NATS server was unavailable: this attempt does not count",
-                        error=f"{type(exc).__name__}: {exc}")
-            await self._release(ctx)
+            log.warning("the NATS server was unavailable: this attempt does not count against the candidate",
+                        error=error)
+            await self._release(ctx, unavailable=True, error=error)
             return
-        await self._release(ctx, failed=True, error=f"{type(exc).__name__}: {exc}")
+        await self._release(ctx, failed=True, error=error)
 
     async def finished(self, ctx: StageContext, outgoing: list[Any]) -> None:
         """The results are out and the message acked."""
@@ -160,7 +173,8 @@ class AttemptLimit(Policy):
 
     # ------------------------------------------------------------------ helpers
 
-    async def _release(self, ctx: StageContext, *, failed: bool = False, error: str = "") -> None:
+    async def _release(self, ctx: StageContext, *, failed: bool = False, unavailable: bool = False,
+                       error: str = "") -> None:
         me = self._held.pop(ctx.request_id, None)
         if me is None:
             return
@@ -175,6 +189,9 @@ class AttemptLimit(Policy):
                     record.holder = None
                 if failed:
                     record.failed += 1
+                if unavailable:
+                    record.unavailable += 1
+                if error:
                     record.last_error = error[:500]
                 if await _write(kv, key, record, revision):
                     return
@@ -183,13 +200,19 @@ class AttemptLimit(Policy):
 
     async def _give_up(self, worker: StageWorker, msg: Msg, request_id: str, record: Attempts) -> None:
         stage, settings = worker.stage, worker.bus.settings
-        reason = (f"the {stage} stage failed {record.counted} times (max_deliver {settings.max_deliver}): "
-                  f"{record.failed} raised, {len(record.lost)} workers lost during it; last error: "
-                  f"{record.last_error or 'none recorded'}; the errors are in that stage's worker logs")
+        if record.counted >= settings.max_deliver:
+            reason = (f"the {stage} stage failed {record.counted} times (max_deliver {settings.max_deliver}): "
+                      f"{record.failed} raised, {len(record.lost)} workers lost during it; last error: "
+                      f"{record.last_error or 'none recorded'}; the errors are in that stage's worker logs")
+        else:
+            reason = (f"the NATS server was unavailable to the {stage} stage {record.unavailable} times "
+                      f"({UNAVAILABLE_PER_ATTEMPT} × max_deliver {settings.max_deliver}); not the candidate's "
+                      f"failure: check the cluster (`nats server report jetstream`) and submit it again; "
+                      f"last error: {record.last_error or 'none recorded'}")
         log.error("attempts used up, dead-lettering", reason=reason)
         seq = msg.metadata.sequence.stream if msg.metadata else 0
         letter = DeadLetter(request_id=request_id, original_subject=msg.subject, stage=stage, reason=reason,
-                            payload=bytes(msg.data[:65536]), deliveries=record.counted)
+                            payload=bytes(msg.data[:65536]), deliveries=record.counted + record.unavailable)
         # The id a MAX_DELIVERIES advisory of the same message would give it: one letter.
         await worker.bus.publish(worker.bus.subjects.dlq, letter, f"dlq:{worker.stream}:{seq}:{worker.durable}")
         await msg.term()

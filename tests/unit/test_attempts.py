@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.attempts import AttemptLimit, Attempts, attempts_key
+from shared.attempts import UNAVAILABLE_PER_ATTEMPT, AttemptLimit, Attempts, attempts_key
 from shared.events import DataResult, DeadLetter, Stage
 from shared.runtime import StageContext, StageWorker, stage_policies
 from tests.memory_bus import MemoryBus, memory_settings, running
@@ -120,3 +120,27 @@ async def test_a_handler_that_meets_an_unavailable_nats_server_counts_no_attempt
     assert bus.events(bus.subjects.dlq, DeadLetter) == []
     record = await attempts_of(bus, "shaken-1")
     assert (record.failed, record.lost, record.holder) == (0, [], None)
+    assert record.unavailable == runs - 1  # the last run succeeded
+
+
+async def test_a_server_unavailable_without_end_is_dead_lettered_after_its_own_longer_limit(bus: MemoryBus) -> None:
+    """A handler that meets a NATS timeout every time (an outage, or outputs that always time out on
+    upload) is not retried for ever: after UNAVAILABLE_PER_ATTEMPT × max_deliver tries it is
+    dead-lettered, and the letter says the server was unavailable, not that the candidate failed."""
+    import nats.errors
+
+    async def always_times_out(event: DataResult, ctx: StageContext) -> None:
+        raise nats.errors.TimeoutError
+
+    handler = Counting(always_times_out)
+    limit = UNAVAILABLE_PER_ATTEMPT * bus.settings.max_deliver
+    async with running(bus, counting_worker(bus, handler)):
+        ack = await send(bus, "outage-1")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).termed, what="the message terminated")
+    assert len(handler.runs) == limit
+    [letter] = bus.events(bus.subjects.dlq, DeadLetter)
+    assert (letter.request_id, letter.stage) == ("outage-1", Stage.train)
+    assert "NATS server was unavailable" in letter.reason and f"{limit} times" in letter.reason
+    assert "TimeoutError" in letter.reason
+    record = await attempts_of(bus, "outage-1")
+    assert (record.failed, record.lost, record.unavailable, record.holder) == (0, [], limit, None)
