@@ -21,7 +21,8 @@ own results bucket, key ``<request_id>.<stage>.attempts``, written with compare-
   meets a timeout would be retried for ever: each retry's progress keeps the record fresh, so the
   sweeper would not end it.
 
-Before a handler runs, :meth:`AttemptLimit.claim` reads the record: a live holder elsewhere makes
+Before a handler runs, :meth:`AttemptLimit.claim` creates the record holding the handling (a
+request's first handling at the stage); where one exists, it reads it: a live holder elsewhere makes
 this delivery wait (naked for ``ack_wait_s``: the same request never runs twice at once while its
 first attempt is heard from); a silent one is counted lost and taken over; once ``failed + lost``
 reaches ``max_deliver`` the worker publishes the dead letter (the aggregator turns it into the
@@ -106,6 +107,11 @@ class AttemptLimit(Policy):
         key = attempts_key(request_id, worker.stage)
         settings = worker.bus.settings
         me = f"{self.worker_id}#{deliveries}"
+        # Most handlings are a request's first at this stage: the record is created holding it, in
+        # one round trip; where a record exists already, the create fails and it is read.
+        if await _write(kv, key, Attempts(holder=me, beat_at=time.time()), None):
+            self._held[request_id] = me
+            return True
         for _ in range(CLAIM_TRIES):
             record, revision = await _read(kv, key)
             if record.holder is not None:
