@@ -221,12 +221,16 @@ async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[st
     # What fair share (shared/lanes.py) costs a request at its two GPU stages: the same, in arrival order.
     async with Stand(root / "arrival", settings={"fair_share": False}) as stand:
         arrival, _, _ = await request_overheads(stand, root, requests, "fcfs")
+    # What the metrics (shared/metrics.py: every worker's /metrics, the queue polls) cost a request.
+    async with Stand(root / "unmetered", settings={"metrics_enabled": False}) as stand:
+        unmetered, _, _ = await request_overheads(stand, root, requests, "nometrics")
     raw_ms = median(raw) * 1000
     apart_ms = median(raw_apart) * 1000
     held_ms = median(raw_held) * 1000
     over_ms = median(overheads) * 1000
     together_ms = median(together) * 1000
     arrival_ms = median(arrival) * 1000
+    unmetered_ms = median(unmetered) * 1000
     held_ratio = over_ms / held_ms
     return [
         {"measure": "5 raw JetStream hops, one process, back to back (median)", "value": f"{raw_ms:.2f} ms",
@@ -248,6 +252,9 @@ async def measure(requests: int, hops_messages: int, root: Path) -> list[dict[st
         {"measure": "overhead with fair_share off (train and bench in arrival order, no lanes)",
          "value": f"{arrival_ms:.1f} ms, {arrival_ms / held_ms:.1f}x the idle raw hops; fair share adds "
                   f"{over_ms - arrival_ms:.1f} ms", "target": None, "met": None},
+        {"measure": "overhead with metrics off (no /metrics, no queue polls)",
+         "value": f"{unmetered_ms:.1f} ms; the metrics add {over_ms - unmetered_ms:.1f} ms", "target": None,
+         "met": None},
         {"measure": "overhead, every stage in one process (ftbus up)",
          "value": f"{together_ms:.1f} ms, {together_ms / held_ms:.1f}x the idle raw hops", "target": None,
          "met": None},
