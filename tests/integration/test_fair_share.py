@@ -221,3 +221,22 @@ async def _true(value: bool) -> bool:
 
 async def _zero(count: Awaitable[int]) -> bool:
     return await count == 0
+
+
+async def test_a_lane_is_created_once_and_takes_a_changed_ack_wait(bus: Bus, settings: Settings) -> None:
+    """The intake makes sure of its lane's consumer on every request, by its info: it creates it the
+    first time, leaves it as it is while the settings agree, and updates it when ``ack_wait_s``
+    changed (a redeployment with another ack wait)."""
+    s = bus.subjects
+    lanes = Lanes(bus, Stage.train)
+    await lanes.ensure_lane("gamma")
+    durable = s.lane_durable(Stage.train, "gamma")
+    first = await bus.js.consumer_info(s.stream_lanes(Stage.train), durable)
+    assert first.config.ack_wait == settings.ack_wait_s
+    await lanes.ensure_lane("gamma")
+    again = await bus.js.consumer_info(s.stream_lanes(Stage.train), durable)
+    assert again.created == first.created and again.config.ack_wait == settings.ack_wait_s
+    async with connected(settings, ack_wait_s=settings.ack_wait_s + 7) as redeployed:
+        await Lanes(redeployed, Stage.train).ensure_lane("gamma")
+    updated = await bus.js.consumer_info(s.stream_lanes(Stage.train), durable)
+    assert updated.config.ack_wait == settings.ack_wait_s + 7
