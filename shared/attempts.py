@@ -107,13 +107,12 @@ class AttemptLimit(Policy):
         key = attempts_key(request_id, worker.stage)
         settings = worker.bus.settings
         me = f"{self.worker_id}#{deliveries}"
-        # Most handlings are a request's first at this stage: the record is created holding it, in
-        # one round trip; where a record exists already, the create fails and it is read.
-        if await _write(kv, key, Attempts(holder=me, beat_at=time.time()), None):
-            self._held[request_id] = me
-            return True
-        for _ in range(CLAIM_TRIES):
-            record, revision = await _read(kv, key)
+        # Most handlings are a request's first at this stage: the first try creates the record (one
+        # round trip, no read); where one exists, that create fails and each later try reads it.
+        record, revision = Attempts(), None
+        for tries in range(CLAIM_TRIES + 1):
+            if tries:
+                record, revision = await _read(kv, key)
             if record.holder is not None:
                 age = time.time() - record.beat_at
                 if age < settings.ack_wait_s / 2:

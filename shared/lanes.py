@@ -207,8 +207,8 @@ class Lanes:
     async def ensure_lane(self, lane: str) -> None:
         """The lane's consumer exists (created if not): a consumer info, and a create the first time
         or after a change of ``ack_wait_s``. Not a create every time: the server writes a consumer's
-        create-or-update to disk, 3 to 5 ms against about 1 for the info (bench/overhead.py), on the
-        way of every request to a fair-share stage."""
+        create-or-update to disk, 3 to 5 ms against about 1 for the info (timed in the intake while
+        bench/overhead.py ran), on the way of every request to a fair-share stage."""
         durable = self.bus.subjects.lane_durable(self.stage, lane)
         with contextlib.suppress(nats.js.errors.NotFoundError):
             info = await self.bus.js.consumer_info(self.stream, durable)
