@@ -165,6 +165,12 @@ class Lanes:
         self.picks = 0
         #: Set by this worker's intake when a request arrives: an idle pick looks again at once.
         self.arrived = asyncio.Event()
+        #: The lanes this worker's intake copied a request into since its last pick: the pick tries
+        #: each, whatever the listing says. The server counts a lane's pending messages a moment
+        #: after it acknowledges the copy, so a listing just after it may show the lane idle, and
+        #: the request would wait FETCH_WAIT_S (2 s) for the next pick (found in bench/overhead.py's
+        #: per-hop timelines: about one request in six at each fair-share stage).
+        self.copied: set[str] = set()
 
     def weight(self, lane: str) -> float:
         return self.weights.get(lane, 1.0)
@@ -202,6 +208,7 @@ class Lanes:
                                                       headers={ARRIVED_ON: msg.subject}),
                              self.ensure_lane(lane))
         await msg.ack()
+        self.copied.add(lane)
         self.arrived.set()
 
     async def ensure_lane(self, lane: str) -> None:
@@ -247,12 +254,19 @@ class Lanes:
         """Up to ``batch`` messages, each from the lane whose turn it is; none after FETCH_WAIT_S
         when no lane has one (sooner when this worker's intake copies one in)."""
         self.arrived.clear()
+        copied, self.copied = self.copied, set()
         try:
             lanes = await self.listing()
         except Exception as exc:  # the server away: the loop asks again
             log.warning("listing the lanes failed", stage=self.stage, error=str(exc))
+            self.copied |= copied
             await asyncio.sleep(1)
             return []
+        for lane in lanes:
+            if lane.name in copied:
+                lane.waiting = max(lane.waiting, 1)
+                copied.discard(lane.name)
+        lanes += [Lane(name, 1, 0) for name in sorted(copied)]  # a lane created a moment ago
         taken: list[Msg] = []
         tried_maybe = 0
         while len(taken) < batch:

@@ -14,7 +14,7 @@ from runners.choice import make_runner
 from shared.attempts import AttemptLimit
 from shared.bus import Bus
 from shared.events import DataResult, Stage, TrainResult
-from shared.lanes import Lanes
+from shared.lanes import Lane, Lanes
 from shared.runtime import StageContext, StageWorker
 from shared.settings import Settings
 from shared.subjects import msg_id
@@ -240,3 +240,37 @@ async def test_a_lane_is_created_once_and_takes_a_changed_ack_wait(bus: Bus, set
         await Lanes(redeployed, Stage.train).ensure_lane("gamma")
     updated = await bus.js.consumer_info(s.stream_lanes(Stage.train), durable)
     assert updated.config.ack_wait == settings.ack_wait_s + 7
+
+
+class ListedBeforeTheCopy(Lanes):
+    """The pick's listing as the server may answer it a moment after it acknowledged a copy: the
+    lane's pending count not yet raised (``lanes`` as listed before the copy)."""
+
+    def __init__(self, bus: Bus, lanes: list[Lane]) -> None:
+        super().__init__(bus, Stage.train)
+        self.stale = lanes
+
+    async def listing(self) -> list[Lane]:
+        return [Lane(lane.name, lane.waiting, lane.working) for lane in self.stale]
+
+
+async def test_a_request_just_copied_is_picked_even_where_the_listing_does_not_count_it_yet(bus: Bus) -> None:
+    """The server raises a lane's pending count a moment after it acknowledges the copy, so the pick
+    that the intake wakes may list the lane idle. The pick tries the lane its intake copied into all
+    the same, and takes the request then, not a fetch wait (2 s) later."""
+    s = bus.subjects
+    before = Lanes(bus, Stage.train)
+    await before.ensure_lane("gamma")
+    stale = [lane for lane in await before.listing() if lane.name == "gamma"]
+    assert stale == [Lane("gamma", 0, 0)]
+    await send(bus, "gamma-1", "gamma")
+    # The request as the intake gets it: from the stage's own consumer on the events stream.
+    await bus.ensure_consumer(s.stream_events, "copy-race", [s.completed("data")])
+    psub = await bus.js.pull_subscribe_bind("copy-race", s.stream_events)
+    (arrived,) = await psub.fetch(1, timeout=10)
+    lanes = ListedBeforeTheCopy(bus, stale)
+    await lanes.intake(arrived, None)
+    taken = await lanes.take(1)
+    assert [msg.data for msg in taken] == [arrived.data]
+    await taken[0].ack()
+    await psub.unsubscribe()
