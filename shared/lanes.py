@@ -169,7 +169,7 @@ class Lanes:
         #: each, whatever the listing says. The server counts a lane's pending messages a moment
         #: after it acknowledges the copy, so a listing just after it may show the lane idle, and
         #: the request would wait FETCH_WAIT_S (2 s) for the next pick (found in bench/overhead.py's
-        #: per-hop timelines: about one request in six at each fair-share stage).
+        #: per-hop timelines: 2 requests of 20, at one of the two fair-share stages).
         self.copied: set[str] = set()
 
     def weight(self, lane: str) -> float:
