@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from typing import Any
 
 import pytest
 import yaml
+from filelock import FileLock
 
 from evaluation.importer import import_benchmark
 from evaluation.reference import (
@@ -145,8 +147,25 @@ def _first_per_doc(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def side_by_side(real_assets: Path, toolchain_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> SideBySide:
-    tmp = tmp_path_factory.mktemp("reference")
+def side_by_side(real_assets: Path, toolchain_bin: Path, tmp_path_factory: pytest.TempPathFactory,
+                 worker_id: str) -> SideBySide:
+    """ftbus's reference run and lm-eval's own, side by side (minutes of CPU each). Under pytest-xdist,
+    every worker that takes one of this module's tests needs the same two runs: the first makes them,
+    under a lock the run's workers share, and the others read what it made (xdist's own recipe for a
+    fixture that must run once; its ``xdist_group`` does not group under pytest 9.2:
+    docs/dependencies.md). In one process: made here."""
+    if worker_id == "master":
+        return _side_by_side(real_assets, toolchain_bin, tmp_path_factory.mktemp("reference"))
+    shared = tmp_path_factory.getbasetemp().parent / "reference-side-by-side"  # this run's, every worker's
+    with FileLock(f"{shared}.lock"):
+        made = shared / "side_by_side.pickle"
+        if not made.exists():
+            side = _side_by_side(real_assets, toolchain_bin, shared)
+            made.write_bytes(pickle.dumps(side))
+        return pickle.loads(made.read_bytes())  # written by this run, just above
+
+
+def _side_by_side(real_assets: Path, toolchain_bin: Path, tmp: Path) -> SideBySide:
     assets = tmp / "assets"
     (assets / "models").mkdir(parents=True)
     (assets / "models" / "tiny-llama").symlink_to(real_assets / "models" / "tiny-llama")
