@@ -166,7 +166,8 @@ class Lanes:
         #: Set by this worker's intake when a request arrives: an idle pick looks again at once.
         self.arrived = asyncio.Event()
         #: The lanes this worker's intake copied a request into since its last pick: the pick tries
-        #: each, whatever the listing says. The server counts a lane's pending messages a moment
+        #: each, whatever the listing says (briefly where it lists the lane idle: another worker may
+        #: have taken the copy). The server counts a lane's pending messages a moment
         #: after it acknowledges the copy, so a listing just after it may show the lane idle, and
         #: the request would wait FETCH_WAIT_S (2 s) for the next pick (found in bench/overhead.py's
         #: per-hop timelines: 2 requests of 20, at one of the two fair-share stages).
@@ -262,11 +263,13 @@ class Lanes:
             self.copied |= copied
             await asyncio.sleep(1)
             return []
+        # A copied lane listed idle counts one waiting, unsure: another worker may have taken the copy
+        # already, so its fetch waits MAYBE_WAIT_S, not SURE_WAIT_S (a copy that is there comes at once).
+        lanes += [Lane(name, 0, 0) for name in sorted(copied - {lane.name for lane in lanes})]  # made a moment ago
+        unsure = {lane.name for lane in lanes if lane.name in copied and not lane.waiting}
         for lane in lanes:
-            if lane.name in copied:
-                lane.waiting = max(lane.waiting, 1)
-                copied.discard(lane.name)
-        lanes += [Lane(name, 1, 0) for name in sorted(copied)]  # a lane created a moment ago
+            if lane.name in unsure:
+                lane.waiting = 1
         taken: list[Msg] = []
         tried_maybe = 0
         while len(taken) < batch:
@@ -276,7 +279,8 @@ class Lanes:
                 break
             maybe = not lane.waiting
             tried_maybe += maybe
-            msg = await self._fetch_one(lane.name, MAYBE_WAIT_S if maybe else SURE_WAIT_S)
+            msg = await self._fetch_one(lane.name, MAYBE_WAIT_S if maybe or lane.name in unsure else SURE_WAIT_S)
+            unsure.discard(lane.name)
             if msg is None:
                 lanes.remove(lane)  # nothing there after all: not asked again in this pick
                 continue
