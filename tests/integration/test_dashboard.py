@@ -516,7 +516,12 @@ async def test_a_request_that_failed_in_a_stage_says_failed_not_completed_and_re
     await page.wait_for_selector(f"{row} .badge[data-status='failed']", timeout=WAIT_MS)
     badge = f"{row} .badge[data-status='failed']"
     assert await _text(page, badge) == "failed"
-    colour = await page.eval_on_selector(badge, "b => getComputedStyle(b).color")
+    # Read in one evaluation in the page: the table re-renders as the page refreshes, and a badge
+    # found by one call and read by the next may be a replaced one, whose computed colour is ''.
+    read = await page.wait_for_function(
+        "(sel) => { const b = document.querySelector(sel); return b ? getComputedStyle(b).color : null; }",
+        arg=badge, timeout=WAIT_MS)
+    colour = await read.json_value()
     assert colour == "rgb(185, 28, 28)", colour  # var(--red), as an error
     assert await page.get_attribute(f"{row} [data-decision]", "data-decision") == "none"
     assert "rejected" not in await _text(page, row) and "completed" not in await _text(page, row)
