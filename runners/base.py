@@ -73,6 +73,23 @@ class RunResult(BaseModel):
         )
 
 
+#: The variables that size a process's math-library thread pools (torch's OpenMP and MKL, numpy's BLAS).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def thread_env(cpus: float) -> dict[str, str]:
+    """The thread counts for a candidate process given ``cpus`` CPUs (settings.sandbox_cpus): as many
+    threads as whole CPUs, at least one; none set for 0 (the libraries' own choice: every core of the
+    host). Why: torch sizes its pools by the host's cores, not by a container's CPU quota or by the
+    other runs beside it, and an OpenMP thread that waits at a barrier for a descheduled sibling
+    spins, burning the CPU that sibling needs. On 2 loaded cores the three example trainings took
+    247 s with the host's count and 130 s with one thread each (docs/operations.md, "CPU nodes")."""
+    if cpus <= 0:
+        return {}
+    threads = str(max(1, int(cpus)))
+    return dict.fromkeys(THREAD_VARIABLES, threads)
+
+
 def check_run(argv: Sequence[str], cwd: Path, timeout_s: float) -> Path:
     """What every runner checks before it starts anything; returns ``cwd`` as an absolute path.
 
@@ -222,7 +239,9 @@ class LocalRunner:
     keys, cloud credentials and the like never reach candidate code unless listed). ``path_prefix``
     folders are put first on PATH: that is where the fine-tuning toolchain's executables are found.
     ``extra_env`` is the base environment under both (default: ``PYTHONUNBUFFERED=1``, so that
-    Python children stream their output instead of delivering it at exit).
+    Python children stream their output instead of delivering it at exit). ``cpus``: the CPUs a run
+    may use (settings.sandbox_cpus), which sizes its thread pools (:func:`thread_env`); nothing
+    enforces it here.
     """
 
     name = "local"
@@ -237,6 +256,7 @@ class LocalRunner:
         cancel_grace_s: float = 2.0,
         max_line_chars: int = 64 * 1024,
         drain_idle_s: float = 5.0,
+        cpus: float = 0.0,
     ) -> None:
         self.passthrough_env = tuple(passthrough_env)
         # Absolute now: the child's cwd differs from ours.
@@ -244,6 +264,8 @@ class LocalRunner:
         self.kill_grace_s = kill_grace_s
         self.cancel_grace_s = min(cancel_grace_s, kill_grace_s)
         self.extra_env = dict(extra_env) if extra_env is not None else {"PYTHONUNBUFFERED": "1"}
+        #: The thread counts for ``cpus`` CPUs (no quota here: the processes' own sizing, thread_env).
+        self.extra_env.update(thread_env(cpus))
         self.max_line_chars = max_line_chars
         self.drain_idle_s = drain_idle_s
 

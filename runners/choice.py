@@ -23,7 +23,8 @@ def make_runner(settings: Settings, stage: str) -> Runner:
     if settings.sandbox == "local":
         log.warning(LOCAL_WARNING, stage=stage)
         toolchain = settings.toolchain_path()
-        return LocalRunner(settings.passthrough_env, path_prefix=[toolchain] if toolchain else [])
+        return LocalRunner(settings.passthrough_env, path_prefix=[toolchain] if toolchain else [],
+                           cpus=settings.sandbox_cpus)
     if settings.sandbox == "kubernetes":
         return make_kubernetes_runner(settings, stage)
     client = engine_client()

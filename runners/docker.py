@@ -47,6 +47,7 @@ from runners.base import (
     RunOutput,
     RunResult,
     check_run,
+    thread_env,
 )
 from runners.sandbox import Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
 from shared.logs import get_logger
@@ -128,6 +129,8 @@ class DockerRunner:
         self.stage = stage
         self.memory = parse_size(memory)
         self.cpus = cpus if cpus > 0 else float(os.cpu_count() or 1)
+        #: The thread counts for the CPUs asked for (none when the host's: the libraries' own choice).
+        self.threads = thread_env(cpus)
         self.pids = pids
         self.shm = parse_size(shm)
         self.tmp_size = parse_size(tmp_size)
@@ -333,7 +336,7 @@ class DockerRunner:
             mounts.append(Mount(target=str(Path(_GATEWAY_SOCKET_IN_CONTAINER).parent),
                                 source=str(Path(sandbox.llm_socket).parent.resolve()), type="bind", read_only=True))
             command = gateway_command(argv, sandbox.llm_port)
-        container_env = {**BASE_ENV, **env}
+        container_env = {**BASE_ENV, **self.threads, **env}
         return {
             "image": self.image,
             "command": command,

@@ -22,6 +22,15 @@ os.environ.setdefault("FTBUS_SANDBOX", "local")
 # benchmark cold (a process per split). The warm engine has its own tests with the real lm-eval
 # (tests/e2e/test_bench_engine.py, and tests/e2e/test_examples.py sets it explicitly).
 os.environ.setdefault("FTBUS_BENCH_ENGINE", "cold")
+# Four test workers share two cores, each with trainings, engines and lm-eval runs of its own: one
+# thread per candidate run (its container limited to one CPU: settings.sandbox_cpus) and per process
+# the tests start themselves. With torch's default, a thread per core in every process, the pools
+# spin at their barriers while their siblings wait for a core: the three example trainings side by
+# side took 247 s that way, 130 s with one thread each (docs/operations.md, "CPU nodes").
+os.environ.setdefault("FTBUS_SANDBOX_CPUS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from ftbus.embedded import EmbeddedServer
 

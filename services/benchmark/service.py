@@ -27,7 +27,7 @@ from evaluation.resume import SplitJournal, journal_prefix
 from evaluation.runs import effective_runs
 from evaluation.splits import SplitManifest, make_split
 from evaluation.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
-from runners.base import EXIT_TIMEOUT, RunResult
+from runners.base import EXIT_TIMEOUT, RunResult, thread_env
 from runners.sandbox import Sandbox
 from shared.artifacts import ArtifactStore, materialise
 from shared.events import (
@@ -188,8 +188,10 @@ async def _run_split(
     await ctx.progress(message=f"{label}: {name} on {sum(len(v) for v in manifest.item_ids.values())} items")
     env = dict(prepared_env)
     if device == "cpu":
-        # The two splits run at once: give each half the cores, or torch's thread pools fight.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+        # The two splits run at once: give each half the CPUs a run may use (sandbox_cpus, else the
+        # host's), or torch's thread pools fight.
+        cpus = settings.sandbox_cpus or os.cpu_count() or 2
+        env = {**thread_env(max(1, int(cpus) // 2)), **env}
     # The backend's working folder is the run folder: OpenCompass writes ./tmp and friends there.
     # The sandbox sees this split's run folder (its data and task files, written above) and the
     # model, read-only: not the benchmark's other split, not the assets.

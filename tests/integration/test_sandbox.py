@@ -23,7 +23,7 @@ import docker.models.containers
 import pytest
 
 from ftbus.embedded import EmbeddedServer
-from runners.base import EXIT_OOM_KILLED, EXIT_TIMEOUT
+from runners.base import EXIT_OOM_KILLED, EXIT_TIMEOUT, thread_env
 from runners.docker import LABEL_OWNER, DockerRunner, engine_client, reap_containers
 from runners.sandbox import Sandbox
 from shared.events import Stage, TaskSpec, Verdict
@@ -138,6 +138,23 @@ async def test_memory_hog_is_killed_and_named(runner: DockerRunner, tmp_path: Pa
     )
     assert result.exit_code == EXIT_OOM_KILLED and result.oom_killed
     assert "out of memory" in result.output_tail and "0.50 GiB" in result.output_tail
+
+
+async def test_torch_in_a_container_runs_one_thread_per_cpu_it_is_given(image: str, tmp_path: Path) -> None:
+    """torch sizes its pools by the host's cores, not by the container's CPU limit: the runner says
+    how many threads (settings.sandbox_cpus), and the stage's own count wins."""
+    probe = ["python", "-c", "import torch; print('threads', torch.get_num_threads())"]
+
+    async def threads(cpus: float, env: dict[str, str] | None = None) -> str:
+        runner = DockerRunner(image, stage="train", memory="1g", cpus=cpus, tmp_size="64m")
+        result = await runner.run(probe, cwd=tmp_path, env=env, timeout_s=120, log_path=tmp_path / "log.txt")
+        assert result.exit_code == 0, result.output_tail
+        return re.findall(r"^threads (\d+)$", result.output_tail, re.MULTILINE)[-1]
+
+    assert await threads(1) == "1"
+    assert await threads(1, thread_env(2)) == "2"
+    # Not set: torch's own choice, every core the host has (not the quota's).
+    assert await threads(0) == str(len(os.sched_getaffinity(0)))
 
 
 async def test_no_file_in_the_container_outgrows_its_cap(runner: DockerRunner, tmp_path: Path) -> None:

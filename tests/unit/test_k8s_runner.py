@@ -119,6 +119,7 @@ async def test_a_run_is_a_pod_that_streams_its_output_and_brings_the_workspace_b
     assert main["workingDir"] == str(cwd)
     assert "ulimit -f 20480" in main["command"][2]
     assert {"name": "FTBUS_X", "value": "1"} in main["env"]
+    assert {"name": "OMP_NUM_THREADS", "value": "2"} in main["env"]  # cpus=2: two threads, not the node's count
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert mounts[str(model)]["readOnly"] and mounts[str(model)]["subPath"] == "models/tiny"
     assert mounts[str(peft)]["readOnly"] and str(cwd) in mounts and not mounts[str(cwd)].get("readOnly")

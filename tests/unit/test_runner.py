@@ -343,6 +343,18 @@ async def test_environment_is_scrubbed(tmp_path: Path, monkeypatch: pytest.Monke
     assert "FTBUS_TEST_UNSET" not in child_env
     assert "HOME" not in child_env  # not listed: scrubbed like everything else
     assert child_env.get("PYTHONUNBUFFERED") == "1"
+    assert "OMP_NUM_THREADS" not in child_env or child_env["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS")
+
+
+async def test_a_local_run_gets_the_thread_counts_of_its_cpus(tmp_path: Path) -> None:
+    runner = LocalRunner(["PATH"], cpus=2)
+    result = await runner.run(
+        [PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+        cwd=tmp_path, env={"MKL_NUM_THREADS": "3"}, timeout_s=60, log_path=tmp_path / "log",
+    )
+    child_env = json.loads(result.output_tail)
+    assert child_env["OMP_NUM_THREADS"] == child_env["OPENBLAS_NUM_THREADS"] == "2"
+    assert child_env["MKL_NUM_THREADS"] == "3"  # the stage's own count wins
 
 
 async def test_path_prefix_is_where_tools_are_found(tmp_path: Path) -> None:

@@ -54,6 +54,16 @@ def test_the_container_is_locked_down(tmp_path: Path, monkeypatch: pytest.Monkey
     assert gpu_spec["device_requests"][0]["DeviceIDs"] == ["0", "1"]
 
 
+def test_a_container_gets_the_thread_counts_of_its_cpus_and_the_stage_may_set_its_own(tmp_path: Path) -> None:
+    threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    env = _spec(tmp_path, Sandbox())["environment"]  # 1.5 CPUs: one whole CPU, one thread
+    assert {name: env[name] for name in threads} == dict.fromkeys(threads, "1")
+    assert _spec(tmp_path, Sandbox(), env={"OMP_NUM_THREADS": "4"})["environment"]["OMP_NUM_THREADS"] == "4"
+    host = DockerRunner("img:1", stage="train", client=_NoEngine())  # type: ignore[arg-type]
+    spec = host._container_spec(["true"], tmp_path, {}, Sandbox(), "rid-1")
+    assert not set(threads) & set(spec["environment"])  # all the host's CPUs: the libraries choose
+
+
 def test_a_missing_path_is_not_mounted_and_links_are_mounted_where_they_lead(tmp_path: Path) -> None:
     real = tmp_path / "real-model"
     real.mkdir()
