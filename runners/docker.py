@@ -71,6 +71,12 @@ BASE_ENV = {
     "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
+
+
+def sandbox_env(cpus: float, env: Mapping[str, str]) -> dict[str, str]:
+    """A sandboxed run's whole environment: the base above, the thread counts of its ``cpus``
+    (:func:`runners.base.thread_env`), the stage's own variables over both; nothing of the worker's."""
+    return {**BASE_ENV, **thread_env(cpus), **env}
 _GATEWAY_SOCKET_IN_CONTAINER = "/run/ftbus-llm/llm.sock"
 
 
@@ -129,8 +135,8 @@ class DockerRunner:
         self.stage = stage
         self.memory = parse_size(memory)
         self.cpus = cpus if cpus > 0 else float(os.cpu_count() or 1)
-        #: The thread counts for the CPUs asked for (none when the host's: the libraries' own choice).
-        self.threads = thread_env(cpus)
+        #: The CPUs asked for (0: the host's), which size the run's thread pools (sandbox_env).
+        self.cpus_asked = cpus
         self.pids = pids
         self.shm = parse_size(shm)
         self.tmp_size = parse_size(tmp_size)
@@ -336,7 +342,7 @@ class DockerRunner:
             mounts.append(Mount(target=str(Path(_GATEWAY_SOCKET_IN_CONTAINER).parent),
                                 source=str(Path(sandbox.llm_socket).parent.resolve()), type="bind", read_only=True))
             command = gateway_command(argv, sandbox.llm_port)
-        container_env = {**BASE_ENV, **self.threads, **env}
+        container_env = sandbox_env(self.cpus_asked, env)
         return {
             "image": self.image,
             "command": command,

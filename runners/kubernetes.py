@@ -47,8 +47,7 @@ from typing import Any
 import structlog
 
 from runners.base import EXIT_CANCELLED, EXIT_OOM_KILLED, EXIT_TIMEOUT, LineCallback, RunOutput, RunResult, check_run
-from runners.base import thread_env
-from runners.docker import BASE_ENV, _pump, parse_size  # the same output pump as a container's
+from runners.docker import _pump, parse_size, sandbox_env  # the same output pump as a container's
 from runners.quota import EXIT_QUOTA
 from runners.sandbox import ALL_GPUS, Sandbox, SandboxUnavailable, gpu_selection, host_identity, owner_alive
 from shared.logs import get_logger
@@ -233,7 +232,7 @@ class KubernetesRunner:
         wait = f"while [ ! -e {_READY} ]; do sleep 0.1; done"
         if max_file_bytes:
             wait += f"; ulimit -f {max(1, math.ceil(max_file_bytes / 512))}"  # RLIMIT_FSIZE, in 512-byte blocks
-        env_list = [{"name": k, "value": v} for k, v in {**BASE_ENV, **thread_env(self.cpus), **env}.items()]
+        env_list = [{"name": k, "value": v} for k, v in sandbox_env(self.cpus, env).items()]
         if sandbox.gpus and not self.gpus:
             env_list.append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"})  # no GPU: not even through the runtime
         hardened = {
