@@ -13,6 +13,11 @@ own results bucket, key ``<request_id>.<stage>.attempts``, written with compare-
 - ``lost``: holders that went silent (no beat for ``ack_wait_s / 2``) and were taken over: a worker
   that died during the handling. A holder that was only cut off (a partition) and beats again, or
   ends, takes itself off this list: it was alive.
+- ``started``: handlings that began, whatever became of them. A handling's number (its
+  ``attempt`` in progress, results and the request's record) is this count, so deliveries that never
+  reached a handler (a fetch that expired as the server sent the message) or met a live attempt
+  take no number, and a request given up after ``max_deliver`` failures shows ``max_deliver``
+  attempts, not the server's delivery count;
 - ``unavailable``: handlings that met an unavailable NATS server (:data:`shared.retry.TRANSIENT`:
   a leader election, a partition). They do not count against the candidate, but they are not
   free either: after ``UNAVAILABLE_PER_ATTEMPT × max_deliver`` of them (with the backoff's 60 s
@@ -70,6 +75,8 @@ class Attempts(BaseModel):
     lost: list[str] = Field(default_factory=list)
     unavailable: int = 0
     last_error: str = ""
+    #: Handlings that began (claims won), whatever became of them: the next one's number is this + 1.
+    started: int = 0
 
     @property
     def counted(self) -> int:
@@ -91,8 +98,9 @@ class AttemptLimit(Policy):
     def __init__(self) -> None:
         #: This process's name in the records: host, pid and a random tail (a pid is reused).
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        #: request id -> this worker's holder name of the handling it runs.
+        #: request id -> this worker's holder name of the handling it runs, and that handling's number.
         self._held: dict[str, str] = {}
+        self._numbers: dict[str, int] = {}
         self._bucket = ""
 
     # ------------------------------------------------------------------ the Policy hooks
@@ -129,12 +137,18 @@ class AttemptLimit(Policy):
                 await self._give_up(worker, msg, request_id, record)
                 return False
             record.holder, record.beat_at = me, time.time()
+            record.started += 1
             if await _write(kv, key, record, revision):
-                self._held[request_id] = me
+                self._held[request_id], self._numbers[request_id] = me, record.started
                 return True
         log.warning("the attempts record kept changing, the delivery comes back later", delivery=deliveries)
         await msg.nak(delay=settings.ack_wait_s)
         return False
+
+    def attempt(self, request_id: str) -> int | None:
+        """The number of the handling this worker holds: deliveries that never reached a handler
+        (a fetch that expired as the server sent it) or met a live attempt take none."""
+        return self._numbers.get(request_id)
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
         """The holder says it lives; a holder taken over while it was cut off takes itself off
@@ -181,6 +195,7 @@ class AttemptLimit(Policy):
     async def _release(self, ctx: StageContext, *, failed: bool = False, unavailable: bool = False,
                        error: str = "") -> None:
         me = self._held.pop(ctx.request_id, None)
+        self._numbers.pop(ctx.request_id, None)
         if me is None:
             return
         kv = await ctx.bus.kv(self._bucket)

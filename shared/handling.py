@@ -68,6 +68,14 @@ class StageContext:
     #: The stage's row of the pipeline table (its record name, its timeout); None for a worker
     #: built without one (the aggregator's consumers).
     row: StageSpec | None = None
+    #: Which handling of the request at this stage this is (1 for the first), as the attempts record
+    #: counts them (shared/attempts.py): a delivery that never reached a handler, or met a live
+    #: attempt, takes no number. 0 when given: the delivery count stands in (a worker that leaves
+    #: the count to the server).
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        self.attempt = self.attempt or self.deliveries
 
     @property
     def workdir(self) -> Path:
@@ -114,7 +122,7 @@ class StageContext:
 
     async def progress(self, state: str = "running", **fields: Any) -> None:
         """Progress for clients and dashboards (core NATS, at most once), saying which attempt it is."""
-        event = Progress(request_id=self.request_id, stage=self.stage, state=state, attempt=self.deliveries,  # type: ignore[arg-type]
+        event = Progress(request_id=self.request_id, stage=self.stage, state=state, attempt=self.attempt,  # type: ignore[arg-type]
                          **fields)
         await self.bus.publish_core(self.subjects.progress(self.request_id), event)
 

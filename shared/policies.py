@@ -53,6 +53,11 @@ class Policy:
         """Before the handler: False when the policy settled the message (naked, terminated) instead."""
         return True
 
+    def attempt(self, request_id: str) -> int | None:
+        """After :meth:`claim`: which handling of the request at this stage this is, where the
+        policy counts them (shared/attempts.py); None: the delivery count stands in."""
+        return None
+
     async def started(self, ctx: StageContext) -> None:
         """The handler starts."""
 
@@ -156,7 +161,7 @@ class AnnounceProgress(Policy):
     """Started / finished / failed / retrying progress events for clients and dashboards."""
 
     async def started(self, ctx: StageContext) -> None:
-        await ctx.progress("started", message=f"attempt {ctx.deliveries}")
+        await ctx.progress("started", message=f"attempt {ctx.attempt}")
 
     async def finished(self, ctx: StageContext, outgoing: list[Outgoing]) -> None:
         ok = all(not out.kind.endswith("failed") for out in outgoing)

@@ -229,9 +229,10 @@ class StageWorker:
             for policy in self.policies:
                 if not await policy.claim(self, msg, request_id, deliveries):
                     return
+            attempt = next((n for policy in self.policies if (n := policy.attempt(request_id))), deliveries)
             ctx = StageContext(
                 self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
-                self._workdirs, subject=msg.subject, slot=slot, row=self.row,
+                self._workdirs, subject=msg.subject, slot=slot, row=self.row, attempt=attempt,
             )
             try:
                 await self._handle(ctx, msg, event)
@@ -368,7 +369,7 @@ def _stamped(event: BaseModel, incoming: Any, ctx: StageContext) -> BaseModel:
     fields = type(event).model_fields
     if "runs" not in fields:
         return event
-    run = StageRun(started_at=ctx.started_at, attempt=ctx.deliveries, outcome=getattr(event, "outcome", None))
+    run = StageRun(started_at=ctx.started_at, attempt=ctx.attempt, outcome=getattr(event, "outcome", None))
     update: dict[str, Any] = {"runs": {**getattr(incoming, "runs", {}), ctx.record_name: run}}
     if "ok" in fields and not event.ok and getattr(event, "failed_stage", None) is None:
         update["failed_stage"] = ctx.record_name

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.attempts import UNAVAILABLE_PER_ATTEMPT, AttemptLimit, Attempts, attempts_key
-from shared.events import DataResult, DeadLetter, Stage
+from shared.events import DataResult, DeadLetter, Progress, Stage
 from shared.runtime import StageContext, StageWorker, stage_policies
 from tests.memory_bus import MemoryBus, memory_settings, running
 from tests.unit.test_stage_worker import Counting, durable, results, send, train_worker
@@ -83,6 +83,27 @@ async def test_a_delivery_that_meets_a_live_attempt_waits_and_a_silent_one_is_ta
     assert handler.runs == [("busy-1", 2)] and len(results(bus)) == 1
     record = await attempts_of(bus, "busy-1")
     assert (record.lost, record.failed, record.holder) == (["elsewhere#1"], 0, None)
+
+
+async def test_a_handlings_number_is_the_records_count_of_handlings_not_the_servers_of_deliveries(
+    bus: MemoryBus,
+) -> None:
+    """Deliveries that never reached a handler (a fetch that expired as the server sent it: seen in
+    CI) or met a live attempt take no number: the record counts the handlings that began."""
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    # Two handlings began and raised (their deliveries were the server's 1 and 3, say).
+    await kv.create(attempts_key("third-1", Stage.train),
+                    Attempts(started=2, failed=2).model_dump_json().encode())
+    handler = Counting()
+    async with running(bus, counting_worker(bus, handler)):
+        ack = await send(bus, "third-1")  # this consumer's first delivery of it
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="the handling acked")
+    assert handler.runs == [("third-1", 1)]
+    [result] = results(bus)
+    assert result.runs["train"].attempt == 3
+    started = [p for p in bus.heard(bus.subjects.progress("third-1"), Progress) if p.state == "started"]
+    assert [(p.attempt, p.message) for p in started] == [(3, "attempt 3")]
+    assert (await attempts_of(bus, "third-1")).started == 3
 
 
 async def test_a_worker_that_stops_during_the_handling_counts_no_attempt(bus: MemoryBus) -> None:
