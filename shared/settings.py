@@ -235,12 +235,9 @@ class Settings(BaseSettings):
     )
     sandbox_memory: str = Field(default="8g", pattern=r"^[0-9.]+[bkmgBKMG]?$",
                                 description="Memory limit per container (no swap beyond it).")
-    sandbox_cpus: float = Field(
-        default=0.0, ge=0,
-        description="CPUs per candidate run: its container's CPU limit, and its math libraries' threads "
-        "(OMP_NUM_THREADS, MKL_NUM_THREADS, OPENBLAS_NUM_THREADS: one per whole CPU; a local run gets the threads "
-        "only). 0: all of the host's, and the libraries' own thread counts. On a CPU node shared by several "
-        "runs, set it to each run's share of the cores.")
+    sandbox_cpus: float = Field(default=0.0, ge=0, description="CPUs per candidate run: its container's limit, "
+                                "and one math-library thread per whole CPU (OMP/MKL/OPENBLAS_NUM_THREADS; local runs "
+                                "get the threads only). 0: all of the host's, the libraries' own thread counts.")
     sandbox_pids: int = Field(default=4096, ge=16, description="Processes and threads per container.")
     sandbox_shm: str = Field(default="1g", pattern=r"^[0-9.]+[bkmgBKMG]?$", description="/dev/shm size.")
     sandbox_tmp: str = Field(default="2g", pattern=r"^[0-9.]+[bkmgBKMG]?$",
