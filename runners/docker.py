@@ -77,6 +77,8 @@ def sandbox_env(cpus: float, env: Mapping[str, str]) -> dict[str, str]:
     """A sandboxed run's whole environment: the base above, the thread counts of its ``cpus``
     (:func:`runners.base.thread_env`), the stage's own variables over both; nothing of the worker's."""
     return {**BASE_ENV, **thread_env(cpus), **env}
+
+
 _GATEWAY_SOCKET_IN_CONTAINER = "/run/ftbus-llm/llm.sock"
 
 
@@ -134,9 +136,8 @@ class DockerRunner:
         self.image = image
         self.stage = stage
         self.memory = parse_size(memory)
-        self.cpus = cpus if cpus > 0 else float(os.cpu_count() or 1)
-        #: The CPUs asked for (0: the host's), which size the run's thread pools (sandbox_env).
-        self.cpus_asked = cpus
+        #: CPUs per run (0: all of the host's): its CPU limit and its thread counts (sandbox_env).
+        self.cpus = cpus
         self.pids = pids
         self.shm = parse_size(shm)
         self.tmp_size = parse_size(tmp_size)
@@ -342,7 +343,7 @@ class DockerRunner:
             mounts.append(Mount(target=str(Path(_GATEWAY_SOCKET_IN_CONTAINER).parent),
                                 source=str(Path(sandbox.llm_socket).parent.resolve()), type="bind", read_only=True))
             command = gateway_command(argv, sandbox.llm_port)
-        container_env = sandbox_env(self.cpus_asked, env)
+        container_env = sandbox_env(self.cpus, env)
         return {
             "image": self.image,
             "command": command,
@@ -355,7 +356,7 @@ class DockerRunner:
             "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={self.tmp_size},mode=1777"},
             "mem_limit": self.memory,
             "memswap_limit": self.memory,
-            "nano_cpus": int(self.cpus * 1e9),
+            "nano_cpus": int((self.cpus or os.cpu_count() or 1) * 1e9),
             "pids_limit": self.pids,
             # RLIMIT_FSIZE (bytes): no single file past the run's disk quota, whatever the polling.
             "ulimits": [Ulimit(name="fsize", soft=max_file_bytes, hard=max_file_bytes)] if max_file_bytes else [],

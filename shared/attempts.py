@@ -99,8 +99,7 @@ class AttemptLimit(Policy):
         #: This process's name in the records: host, pid and a random tail (a pid is reused).
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         #: request id -> this worker's holder name of the handling it runs, and that handling's number.
-        self._held: dict[str, str] = {}
-        self._numbers: dict[str, int] = {}
+        self._held: dict[str, tuple[str, int]] = {}
         self._bucket = ""
 
     # ------------------------------------------------------------------ the Policy hooks
@@ -139,7 +138,7 @@ class AttemptLimit(Policy):
             record.holder, record.beat_at = me, time.time()
             record.started += 1
             if await _write(kv, key, record, revision):
-                self._held[request_id], self._numbers[request_id] = me, record.started
+                self._held[request_id] = (me, record.started)
                 return True
         log.warning("the attempts record kept changing, the delivery comes back later", delivery=deliveries)
         await msg.nak(delay=settings.ack_wait_s)
@@ -148,14 +147,16 @@ class AttemptLimit(Policy):
     def attempt(self, request_id: str) -> int | None:
         """The number of the handling this worker holds: deliveries that never reached a handler
         (a fetch that expired as the server sent it) or met a live attempt take none."""
-        return self._numbers.get(request_id)
+        held = self._held.get(request_id)
+        return held[1] if held is not None else None
 
     async def beat(self, worker: StageWorker, request_id: str) -> None:
         """The holder says it lives; a holder taken over while it was cut off takes itself off
         ``lost`` (a partition is not a death). A lost compare-and-set waits for the next beat."""
-        me = self._held.get(request_id)
-        if me is None:
+        held = self._held.get(request_id)
+        if held is None:
             return
+        me = held[0]
         kv = await worker.bus.kv(self._bucket)
         key = attempts_key(request_id, worker.stage)
         record, revision = await _read(kv, key)
@@ -194,10 +195,10 @@ class AttemptLimit(Policy):
 
     async def _release(self, ctx: StageContext, *, failed: bool = False, unavailable: bool = False,
                        error: str = "") -> None:
-        me = self._held.pop(ctx.request_id, None)
-        self._numbers.pop(ctx.request_id, None)
-        if me is None:
+        held = self._held.pop(ctx.request_id, None)
+        if held is None:
             return
+        me = held[0]
         kv = await ctx.bus.kv(self._bucket)
         key = attempts_key(ctx.request_id, ctx.stage)
         try:

@@ -229,7 +229,7 @@ class StageWorker:
             for policy in self.policies:
                 if not await policy.claim(self, msg, request_id, deliveries):
                     return
-            attempt = next((n for policy in self.policies if (n := policy.attempt(request_id))), deliveries)
+            attempt = next((n for policy in self.policies if (n := policy.attempt(request_id))), 0)
             ctx = StageContext(
                 self.bus, self.stage, request_id, await self.bus.artifacts(), self.runner, deliveries,
                 self._workdirs, subject=msg.subject, slot=slot, row=self.row, attempt=attempt,
