@@ -50,7 +50,7 @@ from shared.events import DeadLetter
 from shared.handling import StageContext
 from shared.logs import get_logger
 from shared.policies import Policy
-from shared.retry import TRANSIENT
+from shared.retry import TRANSIENT, retry_transient
 
 if TYPE_CHECKING:
     from shared.runtime import StageWorker
@@ -195,29 +195,43 @@ class AttemptLimit(Policy):
 
     async def _release(self, ctx: StageContext, *, failed: bool = False, unavailable: bool = False,
                        error: str = "") -> None:
+        """Clear this worker's hold and count how the handling ended. An unavailable server (most
+        likely just when the handler met one) is waited out for up to ``ack_wait_s / 2``: a hold
+        left behind would be counted lost by the next delivery, against the candidate."""
         held = self._held.pop(ctx.request_id, None)
         if held is None:
             return
         me = held[0]
         kv = await ctx.bus.kv(self._bucket)
         key = attempts_key(ctx.request_id, ctx.stage)
+        tries = 0
+
+        async def write() -> bool:
+            nonlocal tries
+            tries += 1
+            record, revision = await _read(kv, key)
+            if tries > 1 and record.holder != me and me not in record.lost:
+                return True  # a try whose answer was lost had written it
+            if me in record.lost:  # taken over while cut off: it ended, so it was alive
+                record.lost.remove(me)
+            if record.holder == me:
+                record.holder = None
+            if failed:
+                record.failed += 1
+            if unavailable:
+                record.unavailable += 1
+            if error:
+                record.last_error = error[:500]
+            return await _write(kv, key, record, revision)
+
         try:
             for _ in range(CLAIM_TRIES):
-                record, revision = await _read(kv, key)
-                if me in record.lost:  # taken over while cut off: it ended, so it was alive
-                    record.lost.remove(me)
-                if record.holder == me:
-                    record.holder = None
-                if failed:
-                    record.failed += 1
-                if unavailable:
-                    record.unavailable += 1
-                if error:
-                    record.last_error = error[:500]
-                if await _write(kv, key, record, revision):
+                if await retry_transient(write, "release the attempts record",
+                                         deadline_s=ctx.bus.settings.ack_wait_s / 2):
                     return
+            log.warning("the attempts record kept changing: this hold is left to be counted lost")
         except Exception as exc:  # the holder goes silent instead: the next delivery counts it lost
-            log.warning("the attempts record could not be updated", error=str(exc))
+            log.warning("the attempts record could not be updated", error=f"{type(exc).__name__}: {exc}")
 
     async def _give_up(self, worker: StageWorker, msg: Msg, request_id: str, record: Attempts) -> None:
         stage, settings = worker.stage, worker.bus.settings

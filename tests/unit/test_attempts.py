@@ -165,3 +165,45 @@ async def test_a_server_unavailable_without_end_is_dead_lettered_after_its_own_l
     assert "TimeoutError" in letter.reason
     record = await attempts_of(bus, "outage-1")
     assert (record.failed, record.lost, record.unavailable, record.holder) == (0, [], limit, None)
+
+
+@pytest.mark.parametrize("lost_write", ["before", "after"])
+async def test_a_release_that_meets_an_unavailable_server_is_tried_again_and_counted_once(
+    bus: MemoryBus, monkeypatch: pytest.MonkeyPatch, lost_write: str
+) -> None:
+    """The handler raised (the candidate's failure), then the release's write timed out: before it
+    reached the server, or after it had landed (the answer was lost). The release is tried again
+    until it is written, and the failure is counted once. Before, a timeout left the hold, and the
+    next delivery counted it lost."""
+    import nats.errors
+
+    kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
+    key = attempts_key("shaky-1", Stage.train)
+    timeouts: list[str] = []  # what the next update of the record meets
+    update = kv.update
+
+    async def update_on_a_shaky_server(k: str, value: bytes, last: int | None = None) -> int:
+        when = timeouts.pop(0) if k == key and timeouts else None
+        if when == "before":
+            raise nats.errors.TimeoutError
+        revision = await update(k, value, last)
+        if when == "after":
+            raise nats.errors.TimeoutError
+        return revision
+
+    monkeypatch.setattr(kv, "update", update_on_a_shaky_server)
+
+    async def fail_once(event: DataResult, ctx: StageContext) -> None:
+        if len(handler.runs) == 1:
+            timeouts.append(lost_write)
+            raise ValueError("the candidate's script failed")
+
+    handler = Counting(fail_once)
+    async with running(bus, counting_worker(bus, handler)):
+        ack = await send(bus, "shaky-1")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, timeout=30, what="the second handling acked")
+    assert timeouts == [], "the release's write never met the timeout"
+    record = await attempts_of(bus, "shaky-1")
+    assert (record.failed, record.lost, record.holder, record.started) == (1, [], None, 2)
+    assert "the candidate's script failed" in record.last_error
+    assert len(handler.runs) == 2
