@@ -470,11 +470,17 @@ async def test_a_killed_workers_container_is_reaped_by_the_next_worker(
         assert pipeline.client is not None and pipeline.bus is not None
         first = await start_worker()
         rid = await pipeline.client.submit(ws, TASK)
+        # Wait until the candidate's process runs (it has printed), not only until its container exists:
+        # CI once killed the worker between the engine's create and start, and read 'created'.
+        async def running_containers() -> list[object]:
+            found = await containers_of(rid)
+            return [c for c in found if b"working" in await asyncio.to_thread(c.logs)]
+
         for _ in range(600):
-            if await containers_of(rid):
+            if await running_containers():
                 break
             await asyncio.sleep(0.1)
-        orphans = await containers_of(rid)
+        orphans = await running_containers()
         assert len(orphans) == 1, "the first worker never started the candidate's container"
         first.kill()
         await first.wait()  # dead: nothing of the worker can remove its container from here on
