@@ -2,7 +2,9 @@
 
 Each stage's run shape (its mounts; the data stage also with the LLM gateway's forwarder) runs
 the same trivial command, ``python -c pass``, under both runners; the difference of the medians
-is the sandbox's overhead per run of that stage. Prints one table.
+is the sandbox's overhead per run of that stage. One more row imports the toolchain (torch,
+transformers, peft), as every training and benchmark engine does first: the image's bytecode
+(deploy/sandbox/build.sh) is what keeps that row near the local runner's. Prints one table.
 
     .venv/bin/python bench/sandbox_overhead.py [--runs N]
 """
@@ -25,12 +27,15 @@ from runners.docker import DockerRunner, engine_client
 from runners.sandbox import Sandbox, SandboxUnavailable
 from shared.settings import Settings
 
+TRIVIAL = "pass"
+TOOLCHAIN_IMPORT = "import torch, transformers, peft"
 
-async def _median(runner: Runner, sandbox: Sandbox, folder: Path, runs: int) -> float:
+
+async def _median(runner: Runner, sandbox: Sandbox, folder: Path, runs: int, code: str = TRIVIAL) -> float:
     times = []
     for i in range(runs):
         start = time.perf_counter()
-        result = await runner.run(["python", "-c", "pass"], cwd=folder, timeout_s=120,
+        result = await runner.run(["python", "-c", code], cwd=folder, timeout_s=300,
                                   log_path=folder.parent / f"log-{i}.txt", sandbox=sandbox)
         times.append(time.perf_counter() - start)
         if result.exit_code != 0:
@@ -61,22 +66,25 @@ async def main(runs: int, as_json: bool = False) -> int:
             "data + LLM gateway": Sandbox.reading(model, datasets, llm_socket=socket_dir / "llm.sock"),
             "train": Sandbox.reading(model, datasets, gpus=True),
             "bench (one split)": Sandbox.reading(model, root / "output", gpus=True),
+            "train, importing torch, transformers, peft": Sandbox.reading(model, datasets, gpus=True),
         }
         rows = []
         for label, sandbox in shapes.items():
-            stage = label.split()[0]
+            stage = label.split()[0].rstrip(",")
+            code = TOOLCHAIN_IMPORT if "importing" in label else TRIVIAL
             docker = DockerRunner(settings.sandbox_stage_images.get(stage, settings.sandbox_image), stage=stage)
             docker.check()
             work = root / f"work-{stage}-{len(rows)}"
             work.mkdir()
-            local_s = await _median(local, sandbox, work, runs)
-            docker_s = await _median(docker, sandbox, work, runs)
+            local_s = await _median(local, sandbox, work, runs, code)
+            docker_s = await _median(docker, sandbox, work, runs, code)
             rows.append((label, local_s, docker_s))
     if as_json:
         print(json.dumps([{"measure": f"sandbox overhead per run, {label}", "value": f"{docker_s - local_s:+.3f} s",
                            "target": None, "met": None} for label, local_s, docker_s in rows]))
         return 0
-    print(f"\nSandbox overhead per run (`python -c pass`, median of {runs}; image {settings.sandbox_image})\n")
+    print(f"\nSandbox overhead per run (`python -c pass`, or the imports named; median of {runs}; "
+          f"image {settings.sandbox_image})\n")
     print("| stage | local runner (s) | docker runner (s) | overhead (s) |")
     print("|---|---|---|---|")
     for label, local_s, docker_s in rows:
