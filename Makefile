@@ -80,7 +80,8 @@ demo: install toolchain sandbox
 # The tests run in TEST_WORKERS processes (pytest-xdist): most of them wait on a server, a container
 # or a subprocess, so four share 2 cores well. tests/conftest.py gives every candidate run and every
 # process the tests start one thread (FTBUS_SANDBOX_CPUS=1, OMP_NUM_THREADS=1): with torch's own
-# thread counts the tests took 846 s here, with one thread 687 s (2026-12-06; three workers: 701 s).
+# thread counts the tests took 846 s here, with one thread 687 s (2026-12-06; three workers: 701 s);
+# with the sandbox image's bytecode (deploy/sandbox/build.sh) 550 to 612 s here, 606 to 695 s in clean clones.
 # TEST_WORKERS=0 runs them in this one.
 test: install toolchain sandbox-for-tests browser rdagent-env k8s-tools prometheus
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
