@@ -61,17 +61,18 @@ async def main(runs: int, as_json: bool = False) -> int:
         for folder in (model, datasets, socket_dir):
             folder.mkdir()
         (socket_dir / "llm.sock").touch()
+        # label -> (stage, the stage's run shape, the code it runs)
         shapes = {
-            "data": Sandbox.reading(model, datasets),
-            "data + LLM gateway": Sandbox.reading(model, datasets, llm_socket=socket_dir / "llm.sock"),
-            "train": Sandbox.reading(model, datasets, gpus=True),
-            "bench (one split)": Sandbox.reading(model, root / "output", gpus=True),
-            "train, importing torch, transformers, peft": Sandbox.reading(model, datasets, gpus=True),
+            "data": ("data", Sandbox.reading(model, datasets), TRIVIAL),
+            "data + LLM gateway": ("data", Sandbox.reading(model, datasets, llm_socket=socket_dir / "llm.sock"),
+                                   TRIVIAL),
+            "train": ("train", Sandbox.reading(model, datasets, gpus=True), TRIVIAL),
+            "bench (one split)": ("bench", Sandbox.reading(model, root / "output", gpus=True), TRIVIAL),
+            "train, importing torch, transformers, peft": ("train", Sandbox.reading(model, datasets, gpus=True),
+                                                           TOOLCHAIN_IMPORT),
         }
         rows = []
-        for label, sandbox in shapes.items():
-            stage = label.split()[0].rstrip(",")
-            code = TOOLCHAIN_IMPORT if "importing" in label else TRIVIAL
+        for label, (stage, sandbox, code) in shapes.items():
             docker = DockerRunner(settings.sandbox_stage_images.get(stage, settings.sandbox_image), stage=stage)
             docker.check()
             work = root / f"work-{stage}-{len(rows)}"

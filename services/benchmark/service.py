@@ -190,8 +190,7 @@ async def _run_split(
     if device == "cpu":
         # The two splits run at once: give each half the CPUs a run may use (sandbox_cpus, else the
         # host's), or torch's thread pools fight.
-        cpus = settings.sandbox_cpus or os.cpu_count() or 2
-        env = {**thread_env(max(1, int(cpus) // 2)), **env}
+        env = {**thread_env((settings.sandbox_cpus or os.cpu_count() or 2) / 2), **env}
     # The backend's working folder is the run folder: OpenCompass writes ./tmp and friends there.
     # The sandbox sees this split's run folder (its data and task files, written above) and the
     # model, read-only: not the benchmark's other split, not the assets.
