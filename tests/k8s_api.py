@@ -18,7 +18,8 @@ Its "kubelet" runs each container of a pod in one of two ways:
   kubelet would ask a container runtime: its user and fsGroup, read-only root, every capability
   dropped, no privilege escalation, its memory limit (an OOM kill is the kernel's), its mounts at
   their paths (read-only where asked), no network (what the deny-all NetworkPolicy gives a run's
-  pod); exec is `docker exec`, the log `docker logs`.
+  pod); exec is `docker exec`, the log `docker logs`. An exit by SIGKILL (137) reports ``OOMKilled``
+  here too: Docker's own flag can lag the exit.
 
 Neither is a kubelet: scheduling, image pulls, a network plugin's policies, RuntimeClasses and
 device plugins are Kubernetes' own and are proven only on a real cluster (docs/sandbox.md).
@@ -166,7 +167,12 @@ class Container:
 
     async def _wait_in_docker(self) -> None:
         code = int((await _run("docker", "wait", self.container_id)).strip() or -1)
-        oom = (await _run("docker", "inspect", "-f", "{{.State.OOMKilled}}", self.container_id)).strip() == "true"
+        # Docker's OOMKilled comes from containerd's OOM event, which may land after the exit that
+        # `docker wait` returns (the flag then reads false for a kernel kill). Nothing but the kernel
+        # SIGKILLs a container of this stand-in while its pod lives (a deleted pod returns below),
+        # so an exit of 137 is an OOM kill too, as for the process runtime's SIGKILL.
+        flag = (await _run("docker", "inspect", "-f", "{{.State.OOMKilled}}", self.container_id)).strip()
+        oom = flag == "true" or code == 128 + signal.SIGKILL
         assert self.proc is not None
         await self.proc.wait()  # `docker logs -f` ends with the container: the log file is complete
         if self.pod.deleted:
@@ -279,7 +285,7 @@ class FakeKubernetes:
 
     def start(self) -> FakeKubernetes:
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(30)
+        asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(60)  # a hang guard
         return self
 
     def stop(self) -> None:
@@ -288,19 +294,20 @@ class FakeKubernetes:
                 await asyncio.to_thread(pod.delete)
             for queue in self._watchers:
                 queue.put_nowait(("STOP", {}))  # end every open watch: the server is going away
-            await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 20)
+            # Hang guards: the killed processes end at once.
+            await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 60)
             if self._runner is not None:
                 await self._runner.cleanup()
 
-        asyncio.run_coroutine_threadsafe(down(), self.loop).result(30)
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(90)
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        self._thread.join(60)
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(*args)`` on the server's loop (the pods live there)."""
         async def run() -> Any:
             return fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(60)  # a hang guard
 
     async def _serve(self) -> None:
         app = web.Application()
@@ -410,11 +417,14 @@ class FakeKubernetes:
         await response.prepare(request)
         with contextlib.suppress(ConnectionResetError), container.log.open("rb") as log:
             while True:
+                # Whether it had ended before this read: then the read saw all it wrote. (A check
+                # after the read could meet output written in between, and drop it.)
+                ended = container.proc.returncode is not None
                 data = log.read(65536)
                 if data:
                     await response.write(data)
                     continue
-                if not follow or pod.deleted or (container.proc.returncode is not None and not log.read(1)):
+                if not follow or pod.deleted or ended:
                     break
                 await asyncio.sleep(0.02)  # a kubelet tails the file the same way
             await response.write_eof()

@@ -21,7 +21,8 @@ tests/integration, with a real nats-server.
 
 For tests: :meth:`MemoryBus.messages` (stored), :meth:`MemoryBus.heard` (published, core too),
 :meth:`MemoryBus.tracking` (a message's deliveries and acks), :meth:`MemoryBus.wait_for`,
-:meth:`MemoryBus.lose_acks` (a worker dying before its ack), :func:`memory_settings`, :func:`running`.
+:meth:`MemoryBus.lose_acks` (a worker dying before its ack), :meth:`MemoryBus.expire` (its ack wait
+running out now), :func:`memory_settings`, :func:`running`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ log = get_logger("tests.memory_bus")
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 KV_OPERATION = "KV-Operation"
+#: A hang guard, not a limit legitimate work must finish within: what a test waits for on this bus
+#: comes true in milliseconds, and a loaded machine may take seconds.
+HANG_GUARD_S = 60.0
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -622,6 +626,15 @@ class MemoryBus:
         track = consumer.tracks.get(ack.seq) if consumer is not None else None
         return track if track is not None else Tracking(ack.seq)
 
+    def expire(self, ack: PubAck, durable: str) -> None:
+        """The ack wait of ``durable``'s delivery of the message ``ack`` acknowledged runs out now:
+        unless settled, the message is delivered again at once. A test of a redelivery (after
+        :meth:`lose_acks`) calls it once the delivery is over, instead of waiting out ``ack_wait_s``,
+        so that the settings' ack wait can be long enough for no load to cause a redelivery."""
+        consumer = self.consumers[(ack.stream, durable)]
+        consumer.tracks[ack.seq].due = asyncio.get_running_loop().time()
+        consumer.wake.set()
+
     def lose_acks(self, count: int = 1) -> None:
         """The next ``count`` acks never reach the server (a worker dying between its publish and its ack)."""
         self.acks_to_lose += count
@@ -632,10 +645,12 @@ class MemoryBus:
         while busy := [sub for sub in self.subscriptions if sub.pending]:
             await asyncio.gather(*(sub.queue.join() for sub in busy))
 
-    async def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0,  # noqa: ASYNC109
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float = HANG_GUARD_S,  # noqa: ASYNC109
                        what: str = "") -> None:
         """Poll ``predicate`` (sync or async) every 10 ms until it is true; fail after ``timeout``
-        seconds, or at once when a worker started by :func:`running` has failed."""
+        seconds, or at once when a worker started by :func:`running` has failed. The timeout is a
+        hang guard, never the evidence: a condition that should come true is waited for, however
+        slow a loaded machine is."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -654,9 +669,11 @@ class MemoryBus:
 
 
 @contextlib.asynccontextmanager
-async def running(bus: MemoryBus, worker: Any, timeout: float = 5.0) -> AsyncIterator[Any]:  # noqa: ASYNC109
+async def running(bus: MemoryBus, worker: Any,
+                  timeout: float = HANG_GUARD_S) -> AsyncIterator[Any]:  # noqa: ASYNC109
     """Run ``worker`` (a StageWorker) until the block ends; it is consuming when the block starts.
-    On exit the worker is stopped and awaited: an error it raised is raised here."""
+    On exit the worker is stopped and awaited: an error it raised is raised here. ``timeout``: a
+    hang guard on its start and on its stop."""
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     bus.tasks.append(task)

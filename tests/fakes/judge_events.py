@@ -239,7 +239,8 @@ def scores(
     summary = {"gsm8k": {"accuracy": 0.52}} if accuracy is None else accuracy
     return BenchmarkScores(
         accuracy_summary=summary,
-        error_samples=VALIDATION_SAMPLES if samples is None else samples,
+        # Copies: an event a test changes leaves the next test's samples as they are.
+        error_samples=[s.model_copy() for s in VALIDATION_SAMPLES] if samples is None else samples,
         primary_metric="gsm8k/accuracy",
         primary_value=summary.get("gsm8k", {}).get("accuracy"),
         item_ids={"gsm8k": ids or ["val-0001", "val-0002"]},

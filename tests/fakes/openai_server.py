@@ -9,6 +9,7 @@ when given) answers, else the ``default`` reply is used.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ class Reply:
     status: int = 200
     content: str | None = None
     body: Any = None
-    delay_s: float = 0.0
+    delay_s: float = 0.0  # math.inf: never answers (the server's stop ends the wait)
     headers: dict[str, str] = field(default_factory=dict)
     finish_reason: str = "stop"
 
@@ -157,7 +158,9 @@ class FakeOpenAIServer:
                         at=time.monotonic(),
                     )
                 )
-                if reply.delay_s and server._stopping.wait(reply.delay_s):
+                # delay_s=math.inf: a reply that never comes (until the server stops), for a test
+                # of a timeout that must not hinge on a delay "long enough".
+                if reply.delay_s and server._stopping.wait(None if math.isinf(reply.delay_s) else reply.delay_s):
                     return
                 if reply.content is not None:
                     payload: Any = completion_body(reply.content, body.get("model", "fake"), reply.finish_reason)

@@ -70,8 +70,9 @@ def _concrete(subject: str) -> str:
     return subject.replace("*", _probe()).replace(">", f"{_probe()}.x")
 
 
-async def _next_msg(sub: Any, attempts: int = 6, each_s: float = 5.0) -> Any:
-    """The next message, in short waits: one stall of a loaded machine costs one wait, not the cell."""
+async def _next_msg(sub: Any, attempts: int = 10, each_s: float = 5.0) -> Any:
+    """The next message, in short waits: one stall of a loaded machine costs one wait, not the cell.
+    50 s in all: a hang guard (under the 60 s a cell is given), a message that must come comes at once."""
     for attempt in range(attempts):
         try:
             return await sub.next_msg(timeout=each_s)
@@ -86,7 +87,8 @@ async def _next_msg(sub: Any, attempts: int = 6, each_s: float = 5.0) -> Any:
 
 def js_publish(subject: str) -> OpFn:
     async def run(bus: Bus, ctx: Context) -> None:
-        ack = await bus.guard(bus.js.publish(_concrete(subject), b"{}", timeout=10))
+        # 50 s: a hang guard (a refusal ends it at once, through guard()), under a cell's 60 s.
+        ack = await bus.guard(bus.js.publish(_concrete(subject), b"{}", timeout=50))
         assert ack.stream, ack
 
     return run

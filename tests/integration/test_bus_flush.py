@@ -17,8 +17,11 @@ import pytest
 from shared.bus import Bus
 from shared.settings import Settings
 
-#: A JetStream request's reply comes after the PONG that kills a broken read loop: this long is plenty.
-REPLY_S = 10.0
+#: A hang guard on a reply that must come (a working connection answers at once).
+REPLY_S = 60.0
+#: How long a deaf connection is given to answer: it never does (its read loop has ended), so this
+#: only sets how long the test takes.
+DEAF_S = 10.0
 
 
 async def _cancel_after_ping(flush: asyncio.Future[None]) -> None:
@@ -48,7 +51,7 @@ async def test_a_cancelled_nats_py_flush_still_hangs_the_connection(settings: Se
     try:
         await _cancel_after_ping(asyncio.ensure_future(nc.flush()))
         with pytest.raises(nats.errors.TimeoutError):
-            await nc.jetstream(timeout=REPLY_S).account_info()
+            await nc.jetstream(timeout=DEAF_S).account_info()
         assert nc.is_connected  # "connected", yet deaf: the hang
     finally:
         await nc.close()

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from pathlib import Path
 
+from ftbus.embedded import EmbeddedServer
 from shared.settings import Settings
 from tests.integration.conftest import Pipeline, wait_for_file, write_workspace
-from tests.integration.test_delivery import run_ftbus
+from tests.integration.test_delivery import poll, run_ftbus
 
 TASK_OPTS = ("--base-model", "tiny-standin", "--benchmark", "tiny-arith")
 
@@ -114,12 +116,25 @@ async def test_submit_a_jsonl_of_tasks_shows_one_summary(
     assert code == 2 and "--base-model and --benchmark" in err
 
 
-async def test_logs_follow_waits_for_a_running_stage(pipeline: Pipeline, settings: Settings, tmp_path: Path) -> None:
+async def _subscribed(nats_server: EmbeddedServer, subject: str) -> bool:
+    """Some connection to the server subscribes to exactly ``subject`` (its monitoring endpoint)."""
+    def fetch() -> dict:
+        with urllib.request.urlopen(f"{nats_server.monitor_url}/connz?subs=1&limit=4096", timeout=60) as response:
+            return json.loads(response.read())
+
+    connections = (await asyncio.to_thread(fetch)).get("connections") or []
+    return any(subject in (c.get("subscriptions_list") or []) for c in connections)
+
+
+async def test_logs_follow_waits_for_a_running_stage(
+    pipeline: Pipeline, settings: Settings, tmp_path: Path, nats_server: EmbeddedServer
+) -> None:
     await pipeline.start()
-    pid_file = tmp_path / "trainer.pid"
-    # 40 s of training: `logs --follow` starts (a CLI process on a loaded machine) well before it ends.
-    ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 80,
-                                                 "standin_pid_file": str(pid_file)})
+    pid_file, gate = tmp_path / "trainer.pid", tmp_path / "gate"
+    # The training waits before its first step until the gate is opened: it runs until the test
+    # lets it end, however long a CLI process takes to start on a loaded machine.
+    ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.2, "max_steps": 4,
+                                                 "standin_pid_file": str(pid_file), "standin_gate_file": str(gate)})
     code, out, err = await run_ftbus(settings, "submit", str(ws), *TASK_OPTS)
     assert code == 0, err
     rid = out.strip()
@@ -127,11 +142,17 @@ async def test_logs_follow_waits_for_a_running_stage(pipeline: Pipeline, setting
     code, _, err = await run_ftbus(settings, "logs", rid, "--stage", "train")
     assert code == 2 and "try --follow" in err
 
-    code, out, err = await run_ftbus(settings, "logs", rid, "--stage", "train", "--follow")
+    following = asyncio.create_task(run_ftbus(settings, "logs", rid, "--stage", "train", "--follow"))
+    # Once it listens for the training's progress (not after a sleep), the steps may go.
+    await poll(lambda: _subscribed(nats_server, pipeline.bus.subjects.progress(rid)),
+               "`logs --follow` to subscribe to the progress", timeout_s=60)
+    assert not following.done(), following.result()
+    gate.touch()
+    code, out, err = await following
     assert code == 0, err
     assert "Training completed." in out
     assert "[train]" in err and "step" in err  # live progress while it waited
-    await asyncio.wait_for(pipeline.client.wait(rid), timeout=120)
+    await asyncio.wait_for(pipeline.client.wait(rid), timeout=120)  # a hang guard
 
 
 async def test_status_right_after_submit_says_queued(bus: object, settings: Settings, tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 from ftbus.embedded import PID_FILE, free_port
@@ -19,25 +18,17 @@ from tests.integration.conftest import write_workspace
 from tests.integration.test_delivery import ftbus_exe, run_ftbus
 
 TASK_OPTS = ("--base-model", "tiny-standin", "--benchmark", "tiny-arith")
-#: Generous: the budget is 5 s (connect_budget_s), the interpreter's start a second or two.
-FAST_S = 10.0
+#: The default connect budget (settings.connect_budget_s), as the error names it.
+BUDGET = "tried for 5 s"
+#: Hang guard only: a command that never exits fails here; how fast it exits is not timed (the
+#: budget's own end is evidence enough: see _assert_budget_ended_it).
+HANG_GUARD_S = 60.0
 
 
-async def _assert_fast(env: dict[str, str], took: float, args: tuple[str, ...]) -> None:
-    """Under 10 s; on a machine so loaded that the interpreter's start and imports alone take
-    seconds, under 10 s more than the same command with a connect budget of a tenth of a second (the
-    same imports and code path, without the wait that the budget bounds). A burst of load can fall on
-    one run and not the other: the command is timed twice before it is called slow (a hang, the
-    defect this guards against, is slow both times)."""
-    for attempt in (1, 2):
-        if took < FAST_S:
-            return
-        *_, start_up = await _run({**env, "FTBUS_CONNECT_BUDGET_S": "0.1"}, *args)
-        if took - start_up < FAST_S:
-            return
-        if attempt == 1:
-            *_, took = await _run(env, *args)
-    raise AssertionError(f"{args}: {took:.1f} s, of which {start_up:.1f} s without the budget's wait")
+def _assert_budget_ended_it(err: str, args: tuple[str, ...]) -> None:
+    """It failed fast: the first connection was given up when the connect budget (5 s) ran out, as
+    the message says, not retried without limit (that hangs, and the hang guard in _run fails it)."""
+    assert f", {BUDGET};" in err, (args, err)
 
 
 def _offline_env(home: Path, assets: Path | None = None) -> dict[str, str]:
@@ -49,14 +40,13 @@ def _offline_env(home: Path, assets: Path | None = None) -> dict[str, str]:
     return env
 
 
-async def _run(env: dict[str, str], *args: str, timeout_s: float = 60) -> tuple[int, str, str, float]:
-    start = time.monotonic()
+async def _run(env: dict[str, str], *args: str, timeout_s: float = HANG_GUARD_S) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         ftbus_exe(), *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
     assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode(), time.monotonic() - start
+    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_a_stale_nats_url_exits_2_fast_saying_where_it_came_from(tmp_path: Path) -> None:
@@ -69,9 +59,9 @@ async def test_a_stale_nats_url_exits_2_fast_saying_where_it_came_from(tmp_path:
                                                       "owner_start": "0"}))
     for args in (("ls",), ("status", "x"), ("submit", str(write_workspace(tmp_path / "ws")), "--base-model", "m",
                                             "--benchmark", "b")):
-        code, out, err, took = await _run(_offline_env(home), *args)
+        code, out, err = await _run(_offline_env(home), *args)
         assert code == 2, (args, out, err)
-        await _assert_fast(_offline_env(home), took, args)
+        _assert_budget_ended_it(err, args)
         lines = [line for line in err.splitlines() if line.strip()]
         origin = f"(from {home / 'nats.url'}, left by `ftbus up`"
         assert lines[0].startswith(f"error: cannot reach NATS at {dead} {origin}"), err
@@ -83,42 +73,42 @@ async def test_a_stale_nats_url_exits_2_fast_saying_where_it_came_from(tmp_path:
 
 async def test_a_wrong_nats_url_exits_2_fast_with_the_flag_named(tmp_path: Path) -> None:
     wrong = f"nats://127.0.0.1:{free_port()}"
-    code, out, err, took = await _run(_offline_env(tmp_path / "home"), "status", "x", "--nats-url", wrong)
+    code, out, err = await _run(_offline_env(tmp_path / "home"), "status", "x", "--nats-url", wrong)
     assert code == 2, out + err
-    await _assert_fast(_offline_env(tmp_path / "home"), took, ("status", "x", "--nats-url", wrong))
+    _assert_budget_ended_it(err, ("status", "x", "--nats-url", wrong))
     assert err.startswith(f"error: cannot reach NATS at {wrong} (from --nats-url): connection refused"), err
     assert "check the URL" in err and len(err.strip().splitlines()) == 1, err
     env = {**_offline_env(tmp_path / "home"), "FTBUS_NATS_URL": wrong}
-    code, _, err, took = await _run(env, "ls")
+    code, _, err = await _run(env, "ls")
     assert code == 2 and "(from FTBUS_NATS_URL)" in err, err
-    await _assert_fast(env, took, ("ls",))
+    _assert_budget_ended_it(err, ("ls",))
     # A log line when asked for JSON is JSON; by default there is none.
-    code, _, err, _ = await _run(env, "--log-format", "json", "ls")
+    code, _, err = await _run(env, "--log-format", "json", "ls")
     assert code == 2 and "cannot reach NATS" in err
 
 
 async def test_submit_checks_the_workspace_before_any_server(tmp_path: Path, assets_dir: Path) -> None:
     env = _offline_env(tmp_path / "home", assets_dir)  # no server configured at all
     missing = tmp_path / "no-such-workspace"
-    code, out, err, _ = await _run(env, "submit", str(missing), *TASK_OPTS)
+    code, out, err = await _run(env, "submit", str(missing), *TASK_OPTS)
     assert code == 2, out + err
     assert err.startswith(f"error: workspace {missing} is not a folder: it does not exist\n"), err
     assert "no NATS server configured" not in err and "nothing was submitted" in err
 
     bad_yaml = write_workspace(tmp_path / "bad-yaml")
     (bad_yaml / "train.yaml").write_text("model_name_or_path: tiny-standin\ndataset: [processed_data\n")
-    code, _, err, _ = await _run(env, "submit", str(bad_yaml), *TASK_OPTS)
+    code, _, err = await _run(env, "submit", str(bad_yaml), *TASK_OPTS)
     assert code == 2 and "error: train.yaml is not valid YAML" in err and "at line" in err, err
 
     ws = write_workspace(tmp_path / "ws")
-    code, _, err, _ = await _run(env, "submit", str(ws), "--base-model", "tiny-standin", "--benchmark", "tiny-arithh")
+    code, _, err = await _run(env, "submit", str(ws), "--base-model", "tiny-standin", "--benchmark", "tiny-arithh")
     assert code == 2, err
     assert "error: unknown benchmark 'tiny-arithh'" in err and "available benchmarks: " in err and "tiny-arith" in err
 
     # `ftbus check` says the same without a server, and ok for a good workspace.
-    code, out, err, _ = await _run(env, "check", str(ws), *TASK_OPTS)
+    code, out, err = await _run(env, "check", str(ws), *TASK_OPTS)
     assert code == 0 and out.strip() == f"ok: {ws}", out + err
-    code, out, err, _ = await _run(env, "check", str(bad_yaml), str(missing), "--json")
+    code, out, err = await _run(env, "check", str(bad_yaml), str(missing), "--json")
     assert code == 2, err
     results = json.loads(out)
     assert [r["ok"] for r in results] == [False, False]
@@ -131,27 +121,27 @@ async def test_benchmarks_ls_in_a_pipe_shows_whole_names(tmp_path: Path, assets_
     long_name = "tiny-arith-with-a-name-far-longer-than-any-column-would-be"
     shutil.copytree(assets / "benchmarks" / "tiny-arith", assets / "benchmarks" / long_name)
     env = _offline_env(tmp_path / "home", assets)
-    code, out, err, _ = await _run(env, "benchmarks", "ls")  # stdout is a pipe, as in `| cat`
+    code, out, err = await _run(env, "benchmarks", "ls")  # stdout is a pipe, as in `| cat`
     assert code == 0, err
     names = [line.split()[0] for line in out.splitlines()[1:]]
     assert long_name in names and "tiny-arith" in names, out
     assert "…" not in out and "│" not in out  # plain columns, nothing cut
     header = out.splitlines()[0].split()
     assert header[:3] == ["benchmark", "version", "scorer"]
-    code, out, _, _ = await _run(env, "benchmarks", "ls", "-o", "json")
+    code, out, _ = await _run(env, "benchmarks", "ls", "-o", "json")
     assert long_name in {b["name"] for b in json.loads(out)}
-    code, out, _, _ = await _run(env, "benchmarks", "ls", "--json")
+    code, out, _ = await _run(env, "benchmarks", "ls", "--json")
     assert long_name in {b["name"] for b in json.loads(out)}
 
     empty = _offline_env(tmp_path / "home2", tmp_path / "no-assets")
-    code, out, err, _ = await _run(empty, "benchmarks", "ls")
+    code, out, err = await _run(empty, "benchmarks", "ls")
     assert code == 0 and out == "" and "run `ftbus assets init`" in err, err
 
 
 async def test_version_and_help(tmp_path: Path) -> None:
-    code, out, _, _ = await _run(_offline_env(tmp_path), "--version")
+    code, out, _ = await _run(_offline_env(tmp_path), "--version")
     assert code == 0 and out.startswith("ftbus ") and len(out.split()) == 2, out
-    code, out, _, _ = await _run({**_offline_env(tmp_path), "COLUMNS": "200"}, "ls", "-h")
+    code, out, _ = await _run({**_offline_env(tmp_path), "COLUMNS": "200"}, "ls", "-h")
     assert code == 0 and "--json" in out and "<bool>" not in out and "table|wide|plain|json" in out, out
 
 

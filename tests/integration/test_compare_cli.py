@@ -60,8 +60,9 @@ async def test_compare_two_requests_in_words_and_json_and_refuse_what_cannot_be_
     assert blocking.paired.difference == -paired["difference"]
 
     # Refused, saying why: a request with no verdict yet, an unknown one, the same one twice.
-    slow = await pipeline.client.submit(write_workspace(tmp_path / "slow", train={"standin_step_s": 5,
-                                                                                  "max_steps": 40}), TASK)
+    # Its training waits for a gate never opened: it has no verdict until it is cancelled.
+    slow = await pipeline.client.submit(write_workspace(tmp_path / "slow", train={
+        "standin_gate_file": str(tmp_path / "never-opened")}), TASK)
     try:
         code, out, err = await run_ftbus(settings, "compare", strong, slow)
         assert code == 2 and out == ""

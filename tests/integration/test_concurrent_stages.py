@@ -58,6 +58,7 @@ async def _stored_verdicts(bus: Bus) -> dict[str, int]:
 
 
 async def _wait_until(check: Any, timeout_s: float) -> None:
+    """Wait for ``check`` to hold; ``timeout_s``: a hang guard."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not await check():
@@ -72,14 +73,26 @@ async def test_a_burst_through_concurrent_light_stages_gets_one_verdict_each(
     spans = tmp_path / "spans"
     spans.mkdir()
     # process_data.py notes when it runs (the local sandbox lets it write there): the runs of a burst
-    # overlap when the data stage takes many messages at once.
+    # overlap when the data stage takes many messages at once. Each run is marked running while it
+    # waits for another run's mark: one marked running beside it is an overlap (no clock compared: two
+    # marks at once are two runs at once); only ended ones, a run that came late. One run at a time
+    # would see no mark at first and give up after 60 s (a hang guard), then only ended ones.
     script = (
         "import json, os, time\n"
-        f"mark = {str(spans)!r} + '/' + str(os.getpid())\n"
-        "start = time.time()\n"
-        "open(mark, 'w').write(json.dumps([start, None]))\n"
-        "time.sleep(1.5)\n"
-        "open(mark, 'w').write(json.dumps([start, time.time()]))\n"
+        f"spans = {str(spans)!r}\n"
+        "running = os.path.join(spans, 'running-' + str(os.getpid()))\n"
+        "open(running, 'w').close()\n"
+        "saw = False\n"
+        "for _ in range(3000):\n"
+        "    others = [name for name in os.listdir(spans) if name != os.path.basename(running)]\n"
+        "    if any(name.startswith('running-') for name in others):\n"
+        "        saw = True\n"
+        "        break\n"
+        "    if others:\n"
+        "        break\n"
+        "    time.sleep(0.02)\n"
+        "open(os.path.join(spans, 'result-' + str(os.getpid())), 'w').write(json.dumps(saw))\n"
+        "os.remove(running)\n"
         "json.dump([{'instruction': f'add {i} and {i}', 'input': '', 'output': str(2 * i)} for i in range(20)],"
         " open('data.json', 'w'))\n"
     )
@@ -88,18 +101,23 @@ async def test_a_burst_through_concurrent_light_stages_gets_one_verdict_each(
                for i in range(4)]
     refused = write_workspace(tmp_path / "refused", drop=("train.yaml",))
     pipeline = Pipeline(settings)
+    # A connection of its own, to watch the verdicts: it outlives the services' connection.
+    watcher = await Bus.connect(settings)
     try:
         await pipeline.start(NO_BENCH)  # every stage at its own concurrency
         assert pipeline.client is not None and pipeline.bus is not None
-        sub, copies = await _verdict_copies(pipeline.bus)
+        sub, copies = await _verdict_copies(watcher)
         submitted = await asyncio.gather(
             *(pipeline.client.submit(ws, TASK) for ws in passing),
             *(pipeline.client.submit(refused, TASK) for _ in range(30)),
         )
         ok_ids, refused_ids = submitted[:4], submitted[4:]
         verdicts = await asyncio.gather(*(pipeline.client.wait(rid, timeout_s=180) for rid in submitted))
-        await asyncio.sleep(1.0)  # a late second publish would show in the copies
-        await sub.unsubscribe()
+        # A late second publish would show in the copies: none can come once the services have
+        # stopped and their connection flushed what they published (it does at close); drain() takes
+        # every message the server routed to the watcher before it answers the watcher's ping.
+        await pipeline.stop()
+        await sub.drain()
 
         for rid, verdict in zip(submitted, verdicts, strict=True):
             if rid in refused_ids:
@@ -107,17 +125,18 @@ async def test_a_burst_through_concurrent_light_stages_gets_one_verdict_each(
             else:
                 assert verdict.failed_stage == "training", verdict.failed_stage
         assert set(ok_ids) | set(refused_ids) == set(submitted) and len(set(submitted)) == 34
-        stored = await _stored_verdicts(pipeline.bus)
+        stored = await _stored_verdicts(watcher)
         assert {rid: stored.get(rid) for rid in submitted} == dict.fromkeys(submitted, 1)
         for rid in submitted:
             assert len({codec.decode(data, Verdict).model_dump_json() for data in copies[rid]}) == 1, rid
 
-        runs = [json.loads(p.read_text()) for p in spans.iterdir()]
-        assert len(runs) == 4 and all(end is not None for _, end in runs)
-        overlapping = max(sum(1 for s, e in runs if s <= start < e) for start, _ in runs)
-        assert overlapping >= 2, f"process_data.py runs never overlapped: {runs}"
+        assert not list(spans.glob("running-*"))  # every run ended
+        runs = [json.loads(p.read_text()) for p in spans.glob("result-*")]
+        assert len(runs) == 4, runs
+        assert any(runs), f"process_data.py runs never overlapped: {runs}"
     finally:
         await pipeline.stop()
+        await watcher.close()
 
 
 async def test_events_of_one_request_at_once_in_two_aggregators_make_one_verdict(settings: Settings) -> None:
@@ -148,8 +167,12 @@ async def test_events_of_one_request_at_once_in_two_aggregators_make_one_verdict
             return set(await _stored_verdicts(bus)) >= set(rids)
 
         await _wait_until(all_in, 60)
-        await asyncio.sleep(1.0)
-        await sub.unsubscribe()
+        # A late second verdict would show in the copies: none can come once both aggregators have
+        # stopped (a hang guard of 60 s on that); drain() takes every message the server routed to
+        # this connection before it answers its ping, those the aggregators published on it included.
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+        await sub.drain()
         stored = await _stored_verdicts(bus)
         assert {rid: stored[rid] for rid in rids} == dict.fromkeys(rids, 1)
         for rid in rids:

@@ -5,9 +5,11 @@ handler and gets the one that comes the moment it comes, not when its fetch expi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
+from nats.js.errors import NotFoundError
 
 from shared import consumer
 from shared.bus import Bus
@@ -64,13 +66,16 @@ async def test_a_burst_is_fetched_in_batches_and_handled_at_most_concurrency_at_
                                        stop, concurrency=8, what="test"))
     try:
         await poll(lambda: _true(running == 8), "eight handlers busy", timeout_s=60)
-        await asyncio.sleep(0.5)  # a ninth would have been fetched by now
+        # Room for a ninth to be taken; one taken any later, while the eight still hold theirs or
+        # after, shows in the peak at the end.
+        await asyncio.sleep(0.5)
         assert running == 8 and peak == 8, "more messages taken than there are free handlers"
         release.set()
         await poll(lambda: _true(len(handled) == 40), "the burst handled", timeout_s=60)
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=30)
+        await asyncio.wait_for(task, timeout=30)  # a hang guard
+    assert peak == 8, "more messages taken than there are free handlers"
     assert sorted(handled) == sorted(f"m{i}".encode() for i in range(40))
     got = [n for _, n in counted.fetches if n]
     assert counted.fetches[0] == (8, 8), "the burst was not fetched for every free handler at once"
@@ -80,8 +85,9 @@ async def test_a_burst_is_fetched_in_batches_and_handled_at_most_concurrency_at_
 
 async def test_an_idle_consumer_gets_a_message_the_moment_it_comes(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
     """An idle consumer with 8 free handlers asks for 8 messages and gets the one that comes as soon
-    as it comes, not when its fetch expires (made 60 s here, so that waiting for it could not pass)."""
-    monkeypatch.setattr(consumer, "FETCH_WAIT_S", 60.0)
+    as it comes, not when its fetch expires (made 600 s here, ten times the hang guard of the wait for
+    the message, so that waiting for the expiry could not pass)."""
+    monkeypatch.setattr(consumer, "FETCH_WAIT_S", 600.0)
     s = bus.subjects
     counted = CountedFetches(bus, monkeypatch)
     handled: list[bytes] = []
@@ -94,9 +100,14 @@ async def test_an_idle_consumer_gets_a_message_the_moment_it_comes(bus: Bus, mon
     task = asyncio.create_task(consume(bus, s.stream_events, "consumer-idle", [s.eval_requested], on_message,
                                        stop, concurrency=8, what="test"))
     try:
-        await asyncio.sleep(1)  # the consumer's fetch is waiting at the server
+        async def fetch_waiting() -> bool:  # the consumer's fetch is waiting at the server
+            with contextlib.suppress(NotFoundError):
+                return (await bus.js.consumer_info(s.stream_events, "consumer-idle")).num_waiting >= 1
+            return False
+
+        await poll(fetch_waiting, "the consumer's fetch to wait at the server", timeout_s=60)
         await _publish(bus, s.eval_requested, 1)
-        await poll(lambda: _true(handled == [b"m0"]), "the one message handled", timeout_s=30)
+        await poll(lambda: _true(handled == [b"m0"]), "the one message handled", timeout_s=60)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)

@@ -87,7 +87,7 @@ def proxy(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
                                str(tmp_path / "error.log"), "-g", f"daemon off; {_as_this_user()}"])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a hang guard on nginx's start
         while time.monotonic() < deadline and server.poll() is None:
             try:
                 urllib.request.urlopen(f"{url}/healthz", timeout=2).close()
@@ -108,7 +108,7 @@ def _get(url: str, user: str | None = None, password: str | None = None) -> tupl
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=60) as response:  # a hang guard
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""

@@ -182,8 +182,10 @@ async def run_ftbus(settings: Settings, *args: str, timeout_s: float = WAIT_S) -
     return proc.returncode, out.decode(), err.decode()
 
 
-def slow_training(pid_file: Path, step_s: float, steps: int) -> dict[str, Any]:
-    return {"standin_step_s": step_s, "max_steps": steps, "standin_pid_file": str(pid_file)}
+def gated_training(pid_file: Path, gate: Path, steps: int) -> dict[str, Any]:
+    """A training that waits before its first step until ``gate`` exists: it cannot end before the
+    test lets it, however slow or fast the machine (not a training just long enough)."""
+    return {"max_steps": steps, "standin_pid_file": str(pid_file), "standin_gate_file": str(gate)}
 
 
 def counting_script(log: Path, tag: str, *, fail: bool = False) -> str:
@@ -267,16 +269,23 @@ async def test_a_train_worker_killed_mid_training_is_replaced_by_redelivery(
     )
     first_pids: list[int] = []
     try:
-        ws = write_workspace(tmp_path / "ws", train=slow_training(pid_file, step_s=0.5, steps=8))
+        gate = tmp_path / "gate"
+        ws = write_workspace(tmp_path / "ws", train=gated_training(pid_file, gate, steps=8))
         rid = await pipeline.client.submit(ws, TASK)
 
         first_pids = await poll(lambda: now(read_pids(pid_file)), "training to start in the subprocess")
         assert alive(first_pids[0]), "training ended before the worker could be killed"
         proc.send_signal(signal.SIGKILL)
-        assert await asyncio.wait_for(proc.wait(), timeout=30) == -signal.SIGKILL
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == -signal.SIGKILL  # a hang guard
 
         # A second worker takes the unacked message over once ack_wait has passed.
         await pipeline.start([Stage.train])
+        # The killed worker's training tree: the direct child died with it (PR_SET_PDEATHSIG), and
+        # what it had started (re-parented grandchildren) was killed by the next worker on this
+        # host when it started (reap_orphans): nothing of the first attempt survives. Its gate is
+        # still closed, so none of it could have ended by itself.
+        await poll(lambda: now(not any(alive(p) for p in first_pids)), "the first attempt's processes to be gone")
+        gate.touch()  # the second attempt's training runs through
         verdict = await pipeline.client.wait(rid, timeout_s=WAIT_S)
         assert verdict.status == "completed" and verdict.final_decision is True, verdict.execution
         assert len(verdict.result.training_metrics.loss_history.train) == 8
@@ -285,11 +294,6 @@ async def test_a_train_worker_killed_mid_training_is_replaced_by_redelivery(
         assert record is not None and record.stages["train"].attempts == 2, record.stages if record else None
         second_pids = read_pids(pid_file)
         assert second_pids is not None and second_pids != first_pids
-
-        # The killed worker's training tree: the direct child died with it (PR_SET_PDEATHSIG), and
-        # what it had started (re-parented grandchildren) was killed by the next worker on this
-        # host when it started (reap_orphans): nothing of the first attempt survives.
-        await poll(lambda: now(not any(alive(p) for p in first_pids)), "the first attempt's processes to be gone")
         assert [p for p in first_pids if alive(p)] == []
     finally:
         if proc.returncode is None:
@@ -370,7 +374,8 @@ async def test_cancel_kills_the_running_training_and_gives_one_cancelled_verdict
 ) -> None:
     await pipeline.start()
     pid_file = tmp_path / "train.pid"
-    ws = write_workspace(tmp_path / "ws", train=slow_training(pid_file, step_s=1.0, steps=60))
+    # It never ends unless killed: its gate is never opened.
+    ws = write_workspace(tmp_path / "ws", train=gated_training(pid_file, tmp_path / "never-opened", steps=60))
     rid = await pipeline.client.submit(ws, TASK)
     pids = await poll(lambda: now(read_pids(pid_file)), "training to start")
     try:

@@ -41,7 +41,6 @@ class Recorder:
     running: Counter[str] = field(default_factory=Counter)
     most_at_once: Counter[str] = field(default_factory=Counter)
     most_in_all: int = 0
-    work_s: float = 0.0
 
     async def __call__(self, event: DataResult, ctx: StageContext) -> list[TrainResult]:
         campaign = event.context.task.campaign or "-"
@@ -52,8 +51,6 @@ class Recorder:
         try:
             if event.request_id in self.held:
                 await self.go.wait()
-            elif self.work_s:
-                await asyncio.sleep(self.work_s)  # the training's length (a stand-in's steps)
         finally:
             self.running[campaign] -= 1
         return [result_of(event.request_id)]
@@ -162,19 +159,32 @@ async def test_weights_share_the_turns_two_to_one(settings: Settings) -> None:
 
 
 async def test_a_cap_holds_a_campaign_to_its_share_of_the_slots(settings: Settings) -> None:
+    """Alpha's trainings run until the test lets them end: the slot alpha's cap leaves free goes to
+    beta's (each ends at once), and is idle, not alpha's, in between: a third of beta's, sent once
+    beta has had two turns to alpha's one (a pick that ignored the cap would give alpha the slot,
+    held, and beta's third would never start), is taken there too."""
+    alphas = {f"alpha-{i}" for i in range(1, 5)}
     async with connected(settings, fair_share_caps={"alpha": 1}) as capped:
-        recorder = Recorder(work_s=0.3)
+        recorder = Recorder(held=alphas)
         worker = Worker(capped, recorder, concurrency=2)
         try:
             for i in range(1, 5):
                 await send(capped, f"alpha-{i}", "alpha")
             for i in range(1, 3):
                 await send(capped, f"beta-{i}", "beta")
-            await poll(lambda: _true(len(recorder.handled) == 6), "all six trained", timeout_s=60)
+            await poll(lambda: _true({"beta-1", "beta-2"} <= set(recorder.order())), "beta's two trained")
+            await send(capped, "beta-3", "beta")
+            await poll(lambda: _true("beta-3" in recorder.order()), "beta's third trained beside alpha's")
+            assert recorder.most_at_once["alpha"] == 1, "alpha ran more trainings at once than its cap"
+            assert recorder.most_in_all == 2, "beta did not use the slot alpha's cap left free"
+            assert sum(rid in alphas for rid in recorder.order()) == 1, recorder.order()
+            recorder.go.set()
+            await poll(lambda: _true(len(recorder.handled) == 7), "all seven trained", timeout_s=60)
         finally:
+            recorder.go.set()
             await worker.close()
         assert recorder.most_at_once["alpha"] == 1, "alpha ran more trainings at once than its cap"
-        assert recorder.most_in_all == 2, "beta did not use the slot alpha's cap left free"
+        assert recorder.most_in_all == 2, recorder.order()
 
 
 async def test_a_request_whose_worker_stopped_keeps_its_place_in_its_lane(bus: Bus) -> None:
@@ -267,7 +277,7 @@ async def test_a_request_just_copied_is_picked_even_where_the_listing_does_not_c
     # The request as the intake gets it: from the stage's own consumer on the events stream.
     await bus.ensure_consumer(s.stream_events, "copy-race", [s.completed("data")])
     psub = await bus.js.pull_subscribe_bind("copy-race", s.stream_events)
-    (arrived,) = await psub.fetch(1, timeout=10)
+    (arrived,) = await psub.fetch(1, timeout=60)  # a hang guard: the request is in the stream already
     lanes = ListedBeforeTheCopy(bus, stale)
     await lanes.intake(arrived, None)
     taken = await lanes.take(1)

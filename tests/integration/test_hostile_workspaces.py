@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +74,10 @@ async def test_the_client_refuses_hostile_trees_before_uploading(
         cases.append(("deep folders", deep, UnsafePath, "folders deep"))
 
         for name, ws, error, needle in cases:
-            started = time.monotonic()
             with pytest.raises(error) as caught:
-                await client.submit(ws, TASK)
+                # A hang guard (a FIFO read, a walk that never ends): the refusal itself is not timed.
+                await asyncio.wait_for(client.submit(ws, TASK), 60)
             assert needle in str(caught.value), (name, str(caught.value))
-            assert time.monotonic() - started < 60, f"{name}: refusing took too long"
         # A hard link is a regular file: its content is uploaded, nothing outside is reachable.
         hard = write_workspace(tmp_path / "hard")
         os.link(hard / "train.yaml", hard / "copy.yaml")

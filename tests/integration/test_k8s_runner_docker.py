@@ -94,6 +94,8 @@ async def test_a_timeout_removes_the_pods_containers(cluster: tuple[FakeKubernet
     server, assets, image = cluster
     cwd = tmp_path / "slow"
     cwd.mkdir()
-    run = await _runner(server, assets, image).run(["sh", "-c", "echo started; sleep 300"], cwd=cwd, timeout_s=3,
+    # It never ends; its first line must be out before the limit, hence a limit it is nowhere near
+    # (the line comes at once, on a loaded machine too).
+    run = await _runner(server, assets, image).run(["sh", "-c", "echo started; sleep 300"], cwd=cwd, timeout_s=30,
                                                    log_path=tmp_path / "slow.log")
     assert run.exit_code == 124 and run.timed_out and "started" in run.output_tail

@@ -18,6 +18,9 @@ from nats.js.errors import NoKeysError
 from shared.bus import Bus
 from shared.kv_scan import BucketWatch, KeyChange, latest, list_keys
 
+#: Hang guard for each wait on the server's next message: every one of them comes; only a hang ends here.
+HANG_GUARD_S = 60.0
+
 
 async def new_bucket(bus: Bus) -> str:
     name = "scan_" + secrets.token_hex(4)
@@ -71,15 +74,17 @@ def kv_deliveries_read_after_the_consumer_info() -> Iterator[None]:
         await original_process(self, sid, subject, reply, data, headers)
 
     async def release_held() -> None:
-        await asyncio.sleep(0.05)  # after the caller has acted on the info
+        # A task of its own: it runs only once the caller has acted on the info (nats-py puts its
+        # "snapshot complete" marker with no await between the info's return and the put).
+        await asyncio.sleep(0)
         while held:
             await held.pop(0)()
 
     async def info(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for _ in range(300):
-            result = await original_info(self, *args, **kwargs)
-            if result.num_pending == 0:
-                break
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HANG_GUARD_S  # hang guard: the server delivers the snapshot at once
+        while (result := await original_info(self, *args, **kwargs)).num_pending != 0:
+            assert loop.time() < deadline, f"the server never delivered the snapshot: {result}"
             await asyncio.sleep(0.02)
         task = asyncio.create_task(release_held())
         tasks.add(task)
@@ -104,8 +109,9 @@ async def test_list_keys_finds_what_a_late_read_hides_from_nats_py(bus: Bus) -> 
         with pytest.raises(NoKeysError):
             await kv.keys()
         # ...and ours waits for the message the server says it delivered.
-        assert await list_keys(bus.js, bucket) == ["request-1"]
-        assert [(c.key, c.value) for c in await latest(bus.js, bucket)] == [("request-1", b"{}")]
+        assert await list_keys(bus.js, bucket, timeout_s=HANG_GUARD_S) == ["request-1"]
+        assert [(c.key, c.value) for c in await latest(bus.js, bucket, timeout_s=HANG_GUARD_S)] == [
+            ("request-1", b"{}")]
     # Read at once, both agree.
     assert await kv.keys() == await list_keys(bus.js, bucket) == ["request-1"]
 
@@ -134,14 +140,14 @@ async def test_watch_gives_the_snapshot_then_its_end_then_each_change(bus: Bus) 
     await kv.put("two", b"2")
     with kv_deliveries_read_late():
         async with BucketWatch(bus.js, bucket) as watch:
-            snapshot = [await watch.next(10), await watch.next(10)]
-            assert await watch.next(10) is None  # only now, after both entries arrived late
+            snapshot = [await watch.next(HANG_GUARD_S), await watch.next(HANG_GUARD_S)]
+            assert await watch.next(HANG_GUARD_S) is None  # only now, after both entries arrived late
             assert {(c.key, c.value) for c in snapshot if c} == {("one", b"1"), ("two", b"2")}
             await kv.delete("one")
-            removal = await watch.next(10)
+            removal = await watch.next(HANG_GUARD_S)
             assert isinstance(removal, KeyChange) and removal.key == "one" and removal.removed
             await kv.put("three", b"3")
-            change = await watch.next(10)
+            change = await watch.next(HANG_GUARD_S)
             assert change is not None and (change.key, change.value, change.removed) == ("three", b"3", False)
             assert change.revision > removal.revision
 
@@ -149,8 +155,10 @@ async def test_watch_gives_the_snapshot_then_its_end_then_each_change(bus: Bus) 
 async def test_watch_of_an_empty_bucket_says_so_at_once(bus: Bus) -> None:
     bucket = await new_bucket(bus)
     async with BucketWatch(bus.js, bucket) as watch:
-        assert await watch.next(1) is None
+        # At once: the marker needs no message (none would ever come); a watch that waited for one
+        # would end in the hang guard's TimeoutError.
+        assert await watch.next(HANG_GUARD_S) is None
         kv = await bus.kv(bucket)
         await kv.put("first", b"x")
-        change = await watch.next(10)
+        change = await watch.next(HANG_GUARD_S)
         assert change is not None and change.key == "first"

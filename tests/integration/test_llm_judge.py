@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
-import time
+import math
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from services.judge import llm as judge_llm
 from services.judge.decide import judge
 from services.judge.llm import LlmAnswer, parse_answer
 from shared.events import ErrorSample, FailedStage
@@ -39,6 +43,33 @@ def server() -> Iterator[FakeOpenAIServer]:
         yield srv
 
 
+class BudgetClock:
+    """The judge's time budget on a clock of its own: services/judge/llm.py reads ``time.monotonic``
+    for its deadline, and tenacity sleeps out each backoff; here each backoff moves this clock on at
+    once (recorded in ``sleeps``) and nothing else does, so how many tries fit in a budget is
+    arithmetic, never the machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def budget_clock(monkeypatch: pytest.MonkeyPatch) -> BudgetClock:
+    clock = BudgetClock()
+    monkeypatch.setattr(judge_llm, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(judge_llm, "AsyncRetrying", functools.partial(judge_llm.AsyncRetrying, sleep=clock.sleep))
+    return clock
+
+
 def make_settings(tmp_path: Path, server: FakeOpenAIServer | None, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "home": tmp_path,
@@ -46,8 +77,9 @@ def make_settings(tmp_path: Path, server: FakeOpenAIServer | None, **overrides: 
         "openai_base_url": server.base_url if server else None,
         "openai_api_key": "test-key",
         "judge_retry": 3,
-        "judge_time_budget_s": 20.0,
-        "judge_request_timeout_s": 10.0,
+        # Hang guards, not limits: the local server answers at once, and no test here races them.
+        "judge_time_budget_s": 120.0,
+        "judge_request_timeout_s": 60.0,
     }
     values.update(overrides)
     return Settings(**values)
@@ -163,15 +195,19 @@ async def test_answer_that_never_validates(server: FakeOpenAIServer, tmp_path: P
     assert result.feedback.execution.startswith("SUCCESS")
 
 
-async def test_500_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
+async def test_500_backs_off_then_falls_back(
+    server: FakeOpenAIServer, tmp_path: Path, budget_clock: BudgetClock
+) -> None:
     server.default = error(500, "upstream exploded")
-    # A budget that holds both backoffs (1 s, 2 s) and three answers on a loaded machine: the last
-    # error must be the 500, not a request cut short by the budget.
-    settings = make_settings(tmp_path, server, judge_time_budget_s=10.0, judge_request_timeout_s=4.0)
-    started = time.monotonic()
+    # On the budget's own clock, answers take no time: tries at 0, 1, 3, 7, 15 and 31 s (backoffs of
+    # 1, 2, 4, 8, 16 s), then the next backoff (30 s) would end at the budget's 61 s: give up. Each
+    # try still had >= 30 s of the budget for its request (a hang guard, never a race): the last
+    # error is the 500, not a request cut short by the budget.
+    settings = make_settings(tmp_path, server, judge_time_budget_s=61.0, judge_request_timeout_s=60.0)
     result = await judge(ev.train_failed(1, OOM_LOG), ev.TRAIN_YAML, {"training": OOM_LOG}, settings)
-    assert time.monotonic() - started < 60  # bounded by the budget, with room for a loaded machine
-    assert len(server.requests) >= 2  # retried with backoff before giving up
+    assert budget_clock.sleeps == [1.0, 2.0, 4.0, 8.0, 16.0]  # retried with backoff before giving up
+    assert len(server.requests) == 6
+    assert budget_clock.now <= 61.0  # bounded by the budget
     assert result.judge.kind == "rules"
     assert result.judge.reason is not None and "HTTP 500" in result.judge.reason
     assert "time budget" in result.judge.reason
@@ -186,13 +222,16 @@ async def test_transient_errors_recover(server: FakeOpenAIServer, tmp_path: Path
     assert result.judge.kind == "llm" and result.judge.attempts == 1
 
 
-async def test_timeout_backs_off_then_falls_back(server: FakeOpenAIServer, tmp_path: Path) -> None:
-    server.default = Reply(content=json.dumps(GOOD), delay_s=30.0)
+async def test_timeout_backs_off_then_falls_back(
+    server: FakeOpenAIServer, tmp_path: Path, budget_clock: BudgetClock
+) -> None:
+    server.default = Reply(content=json.dumps(GOOD), delay_s=math.inf)  # never answers: every try times out
     settings = make_settings(tmp_path, server, judge_time_budget_s=4.0, judge_request_timeout_s=0.5)
-    started = time.monotonic()
     result = await judge(ev.bench_result(), ev.TRAIN_YAML, {}, settings)
-    assert time.monotonic() - started < 60
-    assert len(server.requests) >= 2
+    # Tries at 0, 1 and 3 s of the budget's clock; the next backoff (4 s) would end past its 4 s.
+    assert budget_clock.sleeps == [1.0, 2.0]
+    assert len(server.requests) == 3
+    assert budget_clock.now <= 4.0
     assert result.judge.kind == "rules"
     assert result.judge.reason is not None and "timed out" in result.judge.reason
     assert result.feedback.final_decision is True

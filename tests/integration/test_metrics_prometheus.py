@@ -121,7 +121,7 @@ class Prometheus:
     def query(self, promql: str) -> dict[str, float]:
         """An instant query's answer: each series' labels (as ``job/stage/...``, sorted) -> its value."""
         url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:  # hang guard
             body = json.loads(response.read())
         assert body["status"] == "success", body
         return {",".join(f"{k}={v}" for k, v in sorted(r["metric"].items())): float(r["value"][1])

@@ -33,11 +33,13 @@ async def test_a_missed_cancel_is_found_in_the_status_record(
         await status.put(rid, RequestStatusView(request_id=rid, status="running",
                                                 cancel_requested=True).model_dump_json().encode())
         loop = asyncio.get_running_loop()
+        # Hang guard: the heartbeat (1 s) finds the cancel; the training would run 300 s by itself.
         deadline = loop.time() + 60
         while any(alive(pid) for pid in pids) and loop.time() < deadline:
             await asyncio.sleep(0.2)
         assert not any(alive(pid) for pid in pids), "the training went on after its cancel was recorded"
         # The message was acked (not redelivered), and no training result was published.
+        deadline = loop.time() + 60  # hang guard
         while not await caught_up(bus, bus.subjects.stream_events, bus.subjects.durable(Stage.train)):
             assert loop.time() < deadline, "the cancelled message was not acknowledged"
             await asyncio.sleep(0.2)

@@ -96,7 +96,7 @@ def read_lag(doc: dict[str, Any], trigger: Trigger) -> Lag:
 
 async def get_json(url: str) -> dict[str, Any]:
     def fetch() -> dict[str, Any]:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:  # hang guard
             return json.load(response)
 
     return await asyncio.to_thread(fetch)

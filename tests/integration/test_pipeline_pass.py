@@ -77,9 +77,21 @@ async def test_watch_follows_progress_and_verdicts(pipeline: Pipeline, tmp_path:
                 return
 
     watcher = asyncio.create_task(follow())
-    await asyncio.sleep(0.5)  # the watch subscriptions are in place
+    # The watch is in place once it has passed on a probe: it yields only after both of its
+    # subscriptions exist (progress, then verdicts). Core NATS drops a probe sent before that: send
+    # another until one comes through.
+    from shared import codec
+
+    probe = Progress(request_id="20990101-000000-00000000", stage="data", message="probe")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60  # hang guard
+    while not any(isinstance(p, Progress) and p.request_id == probe.request_id for p in seen):
+        assert not watcher.done() and loop.time() < deadline, "the watch never started"
+        await pipeline.client.bus.nc.publish(pipeline.client.bus.subjects.progress(probe.request_id),
+                                             codec.encode(probe))
+        await asyncio.sleep(0.1)
     rid = await pipeline.client.submit(write_workspace(tmp_path / "ws"), TASK)
-    await asyncio.wait_for(watcher, timeout=120)
+    await asyncio.wait_for(watcher, timeout=120)  # hang guard: the verdict comes in seconds
     stages = {p.stage for p in seen if isinstance(p, Progress) and p.request_id == rid}
     # The stages that run a while (or report progress) are followed; a judgement by the rules is
     # over in milliseconds, announces nothing, and shows in the verdict (shared/runtime.py).

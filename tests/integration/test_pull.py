@@ -124,7 +124,9 @@ async def test_an_output_path_that_climbs_out_is_refused_and_nothing_is_written(
     from ftbus.pull import pull
 
     models = await bus.models_artifacts()
-    for n, name in enumerate(("../escaped.txt", "/tmp/escaped-abs.txt", "sub/../../escaped.txt")):
+    # The absolute one names a place of this test's own (never a shared /tmp name another run may hold).
+    absolute = tmp_path / "elsewhere" / "escaped-abs.txt"
+    for n, name in enumerate(("../escaped.txt", str(absolute), "sub/../../escaped.txt")):
         rid = f"req-climb-{n}"
         refs = [WorkspaceFile(path=f"output/{f}", ref=await models.put_bytes(f"{rid}/output/{f}", data))
                 for f, data in FILES.items()]
@@ -136,4 +138,4 @@ async def test_an_output_path_that_climbs_out_is_refused_and_nothing_is_written(
             await pull(client, rid, tmp_path / "pulls" / "model")
         assert not (tmp_path / "pulls").exists() or list((tmp_path / "pulls").iterdir()) == []
         assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "pulls" / "escaped.txt").exists()
-    assert not Path("/tmp/escaped-abs.txt").exists()
+    assert not absolute.exists() and not absolute.parent.exists()

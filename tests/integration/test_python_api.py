@@ -63,15 +63,16 @@ async def test_async_client_batches_lists_and_reads_logs(
         assert {v.request_id for v in await client.requests("completed")} == {ok.request_id, failed.request_id}
         assert await client.requests("running") == []
 
-        slow = await client.submit(write_workspace(tmp_path / "slow", train={"standin_step_s": 0.5,
-                                                                             "max_steps": 60}), **TASK)
-        for _ in range(300):
-            if [v.request_id for v in await client.requests("running")] == [slow]:
-                break
+        # A training that never ends by itself (its gate never opens): only the cancel ends it.
+        slow = await client.submit(write_workspace(tmp_path / "slow", train={
+            "standin_gate_file": str(tmp_path / "never-opened")}), **TASK)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60  # hang guard
+        while [v.request_id for v in await client.requests("running")] != [slow] and loop.time() < deadline:
             await asyncio.sleep(0.1)
         assert [v.request_id for v in await client.requests("running")] == [slow]
         await client.cancel(slow)
-        assert (await client.wait(slow, timeout_s=60)).status == "cancelled"
+        assert (await client.wait(slow, timeout_s=60)).status == "cancelled"  # hang guard: a cancel is at once
         assert [v.request_id for v in await client.requests("cancelled")] == [slow]
         assert [v.request_id for v in await client.requests(["running", "cancelled"])] == [slow]
         assert [v.request_id for v in await client.requests()][-1] == slow  # oldest first

@@ -105,15 +105,18 @@ async def test_a_stopping_worker_hands_its_message_over(
     stop_first = asyncio.Event()
     first = asyncio.create_task(trainer.SPEC.run(pipeline.bus, stop_first, None, PIPELINE))
     pid_file = tmp_path / "trainer.pid"
-    ws = write_workspace(tmp_path / "ws", train={"standin_step_s": 0.5, "max_steps": 30,
-                                                 "standin_pid_file": str(pid_file)})
+    # The first training waits for the gate: it cannot end by itself before the stop, however slow
+    # the machine; the second finishes once the gate is open.
+    gate = tmp_path / "gate"
+    ws = write_workspace(tmp_path / "ws", train={"standin_pid_file": str(pid_file), "standin_gate_file": str(gate)})
     rid = await pipeline.client.submit(ws, TASK)
     await wait_for_file(pid_file)
     trainer_pid = int(pid_file.read_text().split()[0])
     stop_first.set()
-    await asyncio.wait_for(first, timeout=60)
+    await asyncio.wait_for(first, timeout=60)  # hang guard: a stop naks and ends at once
     assert not Path(f"/proc/{trainer_pid}/cmdline").exists() or _zombie(trainer_pid), "training was not stopped"
 
+    gate.touch()
     await pipeline.start([Stage.train])
     verdict = await pipeline.client.wait(rid, timeout_s=180)
     assert verdict.final_decision is True

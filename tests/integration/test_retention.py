@@ -117,11 +117,12 @@ async def test_pull_of_an_expired_model_says_it_expired_and_when(settings: Setti
     try:
         await bus.ensure_topology()
         await publish_trained(bus, "old")  # a verdict without a score: it leads nothing
-        await Retention(bus, RecordStore(bus)).sweep(now=time.time() + settings.artifact_max_age_s + 60)
+        swept_at = time.time() + settings.artifact_max_age_s + 60
+        await Retention(bus, RecordStore(bus)).sweep(now=swept_at)
         async with Client(settings=settings) as client:
             with pytest.raises(ModelExpired) as expired:
                 await pull(client, "old", tmp_path / "m")
-        when = datetime.now(UTC) + timedelta(seconds=settings.artifact_max_age_s + 60)
+        when = datetime.fromtimestamp(swept_at, UTC)  # the sweep's own time: no midnight between two clocks
         assert str(expired.value).startswith(f"the trained outputs of old expired on {when:%Y-%m-%d}")
         assert "14 days (artifact_max_age_s)" in str(expired.value)
         assert list(tmp_path.iterdir()) == []

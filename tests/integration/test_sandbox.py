@@ -222,11 +222,11 @@ async def test_a_cancel_while_the_engine_creates_the_container_leaves_no_contain
     creation runs in a thread): that container is removed once it exists, not left behind."""
     collection = docker.models.containers.ContainerCollection  # client.containers is a new one each time
     real_create = collection.create
-    creating, created = threading.Event(), threading.Event()
+    creating, cancelled, created = threading.Event(), threading.Event(), threading.Event()
 
     def slow_create(self: object, *args: object, **spec: object) -> object:
         creating.set()
-        time.sleep(1.0)  # the cancel lands in here
+        cancelled.wait(60)  # the cancel lands in here: the engine creates only once the run was cancelled
         container = real_create(self, *args, **spec)  # type: ignore[arg-type]
         created.set()
         return container
@@ -235,12 +235,15 @@ async def test_a_cancel_while_the_engine_creates_the_container_leaves_no_contain
     with bound(request_id="rid-creating", stage="data"):
         task = asyncio.create_task(runner.run(["sleep", "600"], cwd=tmp_path, timeout_s=300,
                                               log_path=tmp_path / "log.txt"))
-    assert await asyncio.to_thread(creating.wait, 30)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert await asyncio.to_thread(created.wait, 30), "the engine never created the container"
-    deadline = time.monotonic() + 20
+    try:
+        assert await asyncio.to_thread(creating.wait, 60)  # hang guard
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        cancelled.set()
+    assert await asyncio.to_thread(created.wait, 60), "the engine never created the container"  # hang guard
+    deadline = time.monotonic() + 60  # hang guard: it is removed as soon as it exists
     while _containers("rid-creating") and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     assert not _containers("rid-creating"), "the container created after the cancel was left behind"
@@ -447,9 +450,11 @@ async def test_a_killed_workers_container_is_reaped_by_the_next_worker(
     worker on the host starts and removes it; the request then ends with exactly one verdict."""
     from tests.integration.test_delivery import ftbus_env, ftbus_exe, verdicts_on
 
-    # Long enough that the orphan is still running when it is looked at on a loaded machine (with 6 s
-    # it had exited, and been removed, before the test looked).
-    script = "import time\nprint('working', flush=True)\ntime.sleep(20)\nraise SystemExit(3)\n"
+    # The candidate runs until the test releases it (a file `release` in its working folder): the
+    # orphan is certainly still running when it is looked at, however slow the machine, and the
+    # redelivered run ends (exit 3) once the test lets it.
+    script = ("import os, time\nprint('working', flush=True)\n"
+              "while not os.path.exists('release'):\n    time.sleep(0.1)\nraise SystemExit(3)\n")
     ws = write_workspace(tmp_path / "ws", script=script)
     pipeline = Pipeline(docker_settings)
     workers: list[asyncio.subprocess.Process] = []
@@ -493,6 +498,14 @@ async def test_a_killed_workers_container_is_reaped_by_the_next_worker(
                 break
             await asyncio.sleep(0.1)
         assert orphans[0].id not in {c.id for c in await containers_of(rid)}, "the orphan was not reaped"
+        # The redelivered run, released through its working folder (the one read-write bind mount).
+        for _ in range(600):
+            if again := await running_containers():
+                break
+            await asyncio.sleep(0.1)
+        assert len(again) == 1 and again[0].id != orphans[0].id, "the second worker never ran the candidate"
+        (folder,) = [m["Source"] for m in again[0].attrs["Mounts"] if m["Type"] == "bind" and m["RW"]]
+        Path(folder, "release").touch()
         verdict = await pipeline.client.wait(rid, timeout_s=180)
         assert verdict.failed_stage == "data_processing" and "exited with code 3" in verdict.execution
         assert await verdicts_on(pipeline.bus, rid) == 1

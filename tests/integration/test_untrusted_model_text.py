@@ -48,7 +48,8 @@ def _settings(tmp_path: Path, llm: ObedientLLM | None, **overrides: Any) -> Sett
         "home": tmp_path / "home", "assets_dir": tmp_path / "assets",
         "judge_model": "obedient" if llm else None, "openai_api_key": "sk-test",
         "openai_base_url": llm.base_url if llm else None,
-        "judge_retry": 2, "judge_time_budget_s": 20.0, "judge_request_timeout_s": 10.0,
+        # Hang guards, not limits: the local server answers at once.
+        "judge_retry": 2, "judge_time_budget_s": 120.0, "judge_request_timeout_s": 60.0,
     }
     return Settings(**{**values, **overrides})
 

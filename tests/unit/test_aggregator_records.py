@@ -189,7 +189,8 @@ def test_consumer_names_map_back_to_stages() -> None:
 @pytest.fixture
 async def bus(tmp_path: Path) -> AsyncIterator[MemoryBus]:
     # No sweep during a test: the sweeper's bucket scan needs a real server (test_sweeper.py).
-    bus = MemoryBus(memory_settings(tmp_path, sweep_interval_s=3600))
+    # An ack wait no loaded machine reaches: a redelivery happens only where a test makes one (bus.expire).
+    bus = MemoryBus(memory_settings(tmp_path, sweep_interval_s=3600, ack_wait_s=60.0))
     yield bus
     await bus.close()
 
@@ -205,7 +206,7 @@ async def aggregating(bus: MemoryBus) -> AsyncIterator[Aggregator]:
         yield aggregator
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 60)  # a hang guard: the aggregator stops at once
 
 
 async def record_of(bus: MemoryBus, rid: str) -> RequestRecord:
@@ -272,6 +273,9 @@ async def test_a_redelivered_event_publishes_nothing_twice(bus: MemoryBus) -> No
         bus.lose_acks(1)
         ack = await bus.publish(s.completed("judge"), judged, "req-1:judge:completed")
         durable = s.durable(Stage.aggregate)
+        await bus.wait_for(lambda: bus.acks_to_lose == 0, what="the first handling's ack lost")
+        assert published(bus, s.verdict("req-1")) and not bus.tracking(ack, durable).acked
+        bus.expire(ack, durable)  # its ack wait runs out: the server delivers it again
         await bus.wait_for(lambda: bus.tracking(ack, durable).acked, what="the redelivery acked")
         assert bus.tracking(ack, durable).delivered == 2
     assert len(published(bus, s.verdict("req-1"))) == 1 and len(published(bus, s.report("req-1"))) == 1

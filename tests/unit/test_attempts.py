@@ -9,9 +9,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from shared import attempts
 from shared.attempts import UNAVAILABLE_PER_ATTEMPT, AttemptLimit, Attempts, attempts_key
 from shared.events import DataResult, DeadLetter, Progress, Stage
 from shared.runtime import StageContext, StageWorker, stage_policies
@@ -63,12 +65,16 @@ async def test_a_handler_that_always_raises_uses_up_the_attempts_and_the_worker_
 
 
 async def test_a_delivery_that_meets_a_live_attempt_waits_and_a_silent_one_is_taken_over_and_counted(
-    bus: MemoryBus,
+    bus: MemoryBus, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The records' clock stands still: a beat's age is what the test wrote, however long the worker
+    # took to look at it (a loaded machine could make a fresh beat look silent).
+    now = time.time()
+    monkeypatch.setattr(attempts, "time", SimpleNamespace(time=lambda: now))
     kv = await bus.kv(bus.subjects.kv_stage_results(Stage.train))
     key = attempts_key("busy-1", Stage.train)
     # Another worker holds the request and beats: its message came back (its in_progress was lost).
-    await kv.create(key, Attempts(holder="elsewhere#1", beat_at=time.time()).model_dump_json().encode())
+    await kv.create(key, Attempts(holder="elsewhere#1", beat_at=now).model_dump_json().encode())
     handler = Counting()
     async with running(bus, counting_worker(bus, handler)):
         ack = await send(bus, "busy-1")
@@ -77,9 +83,9 @@ async def test_a_delivery_that_meets_a_live_attempt_waits_and_a_silent_one_is_ta
         assert (await attempts_of(bus, "busy-1")).counted == 0
         # The holder goes silent (its worker died): the next delivery counts it lost and runs.
         entry = await kv.get(key)
-        stale = Attempts(holder="elsewhere#1", beat_at=time.time() - bus.settings.ack_wait_s)
+        stale = Attempts(holder="elsewhere#1", beat_at=now - bus.settings.ack_wait_s)
         await kv.update(key, stale.model_dump_json().encode(), last=entry.revision)
-        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, timeout=30, what="the takeover acked")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="the takeover acked")
     assert handler.runs == [("busy-1", 2)] and len(results(bus)) == 1
     record = await attempts_of(bus, "busy-1")
     assert (record.lost, record.failed, record.holder) == (["elsewhere#1"], 0, None)
@@ -201,7 +207,7 @@ async def test_a_release_that_meets_an_unavailable_server_is_tried_again_and_cou
     handler = Counting(fail_once)
     async with running(bus, counting_worker(bus, handler)):
         ack = await send(bus, "shaky-1")
-        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, timeout=30, what="the second handling acked")
+        await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="the second handling acked")
     assert timeouts == [], "the release's write never met the timeout"
     record = await attempts_of(bus, "shaky-1")
     assert (record.failed, record.lost, record.holder, record.started) == (1, [], None, 2)

@@ -164,7 +164,7 @@ def test_config_problems_are_the_trainers_first_checks() -> None:
 
 def test_the_cli_reference_is_current() -> None:
     proc = subprocess.run([sys.executable, "docs/gen_cli_reference.py", "--check"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120)  # a hang guard
     assert proc.returncode == 0, f"run `python docs/gen_cli_reference.py --write`:\n{proc.stdout}{proc.stderr}"
     text = (REPO / "docs" / "cli.md").read_text()
     for command in ("ftbus submit", "ftbus check", "ftbus benchmarks ls", "ftbus assets init"):

@@ -134,7 +134,7 @@ def run_sample(solution: str, tests: str, functions: tuple[str, ...], prelude: s
     finally:
         sys.stdout, sys.stderr = saved
         os.close(calls_write)
-    model.wait(10)
+    model.wait(60)  # a hang guard: the harness has answered, it only exits
     return status, report.getvalue() + model.stdout.read().decode()
 
 

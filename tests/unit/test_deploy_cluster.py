@@ -177,5 +177,5 @@ def test_docker_compose_itself_accepts_the_file(path: Path, tmp_path: Path) -> N
     env_file.write_text("".join(f"NATS_{u.upper()}_PASSWORD=x\n" for u in users_of_accounts())
                         + f"FTBUS_HOST_ASSETS={tmp_path}\n")
     done = subprocess.run([*binary, "-f", str(path), "--env-file", str(env_file), "config", "-q"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60)  # a hang guard
     assert done.returncode == 0, done.stderr

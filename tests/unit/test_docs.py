@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_configuration_reference_matches_the_settings() -> None:
     proc = subprocess.run([sys.executable, "docs/gen_config_reference.py", "--check"], cwd=REPO,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, timeout=120, check=False)  # a hang guard
     assert proc.returncode == 0, f"run `python docs/gen_config_reference.py --write`:\n{proc.stdout}{proc.stderr}"
 
 

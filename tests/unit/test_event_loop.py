@@ -35,6 +35,7 @@ def test_the_configured_loop_runs_and_starts_children_as_the_runner_needs(name: 
 
 
 def test_uvloop_is_the_default_and_the_standard_loop_can_be_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FTBUS_EVENT_LOOP", raising=False)  # the default, whatever the caller's environment
     assert Settings().event_loop == "uvloop"
     monkeypatch.setenv("FTBUS_EVENT_LOOP", "asyncio")
     assert Settings().event_loop == "asyncio"

@@ -40,7 +40,8 @@ def _kubectl_problem() -> str | None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         return "kubectl is not installed (`make k8s-tools` says how): deploy/k8s is not rendered"
-    out = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60,  # hang guard
+                         check=False)
     found = re.search(r"Kustomize Version: v(\d+)", out.stdout)
     if found is None or int(found.group(1)) < 5:
         return f"kubectl's kustomize is older than v5 ({out.stdout.strip()!r}): deploy/k8s needs v5"
@@ -52,7 +53,7 @@ needs_kubectl = pytest.mark.skipif(_kubectl_problem() is not None, reason=str(_k
 
 def _render(folder: Path) -> list[dict[str, Any]]:
     out = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=120,
-                         check=False)
+                         check=False)  # a hang guard
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
 
@@ -76,7 +77,7 @@ def _version() -> str:
 
 def test_the_nats_config_of_the_manifests_is_deploy_nats_made_for_a_cluster() -> None:
     check = subprocess.run([sys.executable, str(K8S / "gen_nats_config.py"), "--check"], capture_output=True,
-                           text=True, timeout=60, check=False)
+                           text=True, timeout=60, check=False)  # a hang guard
     assert check.returncode == 0, check.stdout + check.stderr
     conf = (K8S / "nats" / "cluster.conf").read_text()
     assert "no_advertise: true" in conf
@@ -90,7 +91,7 @@ def test_the_cluster_config_is_valid_for_the_server() -> None:
     env.update({f"NATS_{user.upper()}_PASSWORD": "x" for user in
                 ("admin", "aggregate", "data", "train", "bench", "judge", "agent", "dashboard", "sys")})
     out = subprocess.run([server, "-c", "cluster.conf", "-t"], cwd=K8S / "nats", env=env, capture_output=True,
-                         text=True, timeout=60, check=False)
+                         text=True, timeout=60, check=False)  # a hang guard
     assert out.returncode == 0, out.stdout + out.stderr
 
 

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import kubernetes_validate
 import pytest
 from kubernetes import client
 
+from runners import kubernetes as kubernetes_runner
 from runners.base import Runner
 from runners.kubernetes import (
     ANNOTATION_OWNER,
@@ -128,14 +131,25 @@ async def test_a_run_is_a_pod_that_streams_its_output_and_brings_the_workspace_b
 
 
 async def test_a_run_past_its_timeout_is_killed_with_exit_124(cluster: tuple[FakeKubernetes, Path],
-                                                             tmp_path: Path) -> None:
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server, assets = cluster
     cwd = _workspace(tmp_path)
-    run = await _runner(server, assets).run(["sh", "-c", "echo started; sleep 120"], cwd=cwd, timeout_s=1.5,
-                                            log_path=tmp_path / "t.log")
-    assert run.exit_code == 124 and run.timed_out
-    assert "started" in run.output_tail and "the stage timeout" in run.output_tail
-    assert run.duration_s < 30
+    # The runner's clock jumps an hour once the run has printed: its timeout comes after the output,
+    # and comes at all, however slow a loaded machine is (never on the real clock's 600 s).
+    ahead = [0.0]
+    monkeypatch.setattr(kubernetes_runner, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + ahead[0]))
+
+    def on_line(line: str) -> None:
+        if line == "started":
+            ahead[0] = 3600.0
+
+    forever = "echo started; while :; do sleep 1; done"  # never ends by itself: only the kill ends it
+    run = await asyncio.wait_for(  # a hang guard: the kill comes at once after the jump
+        _runner(server, assets).run(["sh", "-c", forever], cwd=cwd, timeout_s=600, log_path=tmp_path / "t.log",
+                                    on_line=on_line), 120)
+    assert run.exit_code == 124 and run.timed_out and not run.cancelled
+    assert "started" in run.output_tail and "killed after 600 seconds: the stage timeout" in run.output_tail
+    assert run.duration_s >= 600, "not killed before its timeout (on the runner's clock)"
     assert not server.pods
 
 

@@ -207,7 +207,7 @@ def test_the_overlay_is_apart_from_the_plain_manifests_and_pins_keda() -> None:
 def test_the_overlay_builds_and_leaves_replicas_to_keda() -> None:
     out = subprocess.run(
         ["kubectl", "kustomize", str(KEDA)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False,  # a hang guard
     )
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]

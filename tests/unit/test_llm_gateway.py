@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
+import pytest
 
+from services.data import gateway as gateway_module
 from services.data.gateway import Budget, LlmGateway
 from tests.fakes.openai_server import FakeOpenAIServer, answer
 
@@ -45,7 +47,11 @@ async def test_token_paths_and_budgets() -> None:
         assert not socket.exists()  # removed when the run ends
 
 
-async def test_wall_time_and_call_budgets() -> None:
+async def test_wall_time_and_call_budgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The gateway's clock is the test's: the time budget runs out when the test moves it on, never
+    # because a loaded machine was slow (the event loop keeps its own, real clock).
+    clock = [1000.0]
+    monkeypatch.setattr(gateway_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     with FakeOpenAIServer(default=answer("ok")) as fake, tempfile.TemporaryDirectory(prefix="gw-") as folder:
         socket = Path(folder) / "llm.sock"
         async with LlmGateway(socket, upstream=fake.base_url, api_key="k",
@@ -55,7 +61,9 @@ async def test_wall_time_and_call_budgets() -> None:
             assert status == 429 and "call budget" in body["error"]["message"]
         async with LlmGateway(socket, upstream=fake.base_url, api_key="k",
                               budget=Budget(max_requests=10, max_tokens=1000, wall_s=0.2)) as gateway:
-            await asyncio.sleep(0.3)
+            clock[0] = 1000.0 + 0.1  # within the budget: answered
+            assert (await _post(socket, "/v1/chat/completions", gateway.token))[0] == 200
+            clock[0] = 1000.0 + 0.2  # the budget's end (its start plus wall_s): spent
             status, body = await _post(socket, "/v1/chat/completions", gateway.token)
             assert status == 429 and "time budget" in body["error"]["message"]
 

@@ -59,7 +59,7 @@ def test_lm_evals_own_table_reads_it() -> None:
               "print(make_table(r)); print(make_table(r, 'groups'))")
     results = json.dumps(lm_eval_results(VERDICT, VIEW, 1))
     proc = subprocess.run([str(toolchain / "python"), "-c", script], input=results, capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=120, check=False)  # a hang guard
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line for line in proc.stdout.splitlines() if "exact_match" in line]
     assert any("food" in r and "0.95" in r and "0.05" in r for r in rows), proc.stdout

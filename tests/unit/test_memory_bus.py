@@ -15,12 +15,70 @@ import pytest
 from nats.errors import MsgAlreadyAckdError
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NoStreamResponseError
 
+import tests.memory_bus
 from shared import codec
 from shared.consumer import Slot, consume
 from shared.events import CancelRequested, Progress, Stage
 from tests.memory_bus import MemoryBus, MemoryMsg, memory_settings, subject_matches
 
 DURABLE = "test-consumer"
+HANG_S = 60  # hang guard only: what the tests wait for here takes milliseconds
+
+
+class BusClock:
+    """The loop time the in-memory bus goes by (ack waits, nak delays, redeliveries), standing still
+    until the test moves it: whether a message comes back is then decided by the test, never by how
+    fast a loaded machine runs. Its waits (``bus.wait_for``) go by it too, and so never time out:
+    a test that uses it runs under its own hang guard on the real clock (``asyncio.timeout``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.buses: list[MemoryBus] = []
+
+    async def advance(self, seconds: float) -> None:
+        """Move on ``seconds``, and let every consumer look at what is due now."""
+        self.now += seconds
+        for bus in self.buses:
+            for consumer in bus.consumers.values():
+                consumer.wake.set()
+        await turns()
+
+
+async def turns(n: int = 50) -> None:
+    """``n`` turns of the event loop (counted, not timed): woken tasks run their next steps."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+class _ClockedLoop:
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: BusClock) -> None:
+        self._loop, self._clock = loop, clock
+
+    def time(self) -> float:
+        return self._clock.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+
+class _ClockedAsyncio:
+    """``asyncio`` as tests/memory_bus.py sees it: the same, but for its running loop's time."""
+
+    def __init__(self, clock: BusClock) -> None:
+        self._clock = clock
+
+    def get_running_loop(self) -> _ClockedLoop:
+        return _ClockedLoop(asyncio.get_running_loop(), self._clock)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+def use_bus_clock(monkeypatch: pytest.MonkeyPatch, *buses: MemoryBus) -> BusClock:
+    clock = BusClock()
+    clock.buses.extend(buses)
+    monkeypatch.setattr(tests.memory_bus, "asyncio", _ClockedAsyncio(clock))
+    return clock
 
 
 @pytest.fixture
@@ -47,7 +105,7 @@ async def consuming(bus: MemoryBus, on_message: Callable[[MemoryMsg], Awaitable[
         yield
     finally:
         stop.set()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, HANG_S)  # hang guard
 
 
 def cancel(rid: str) -> CancelRequested:
@@ -190,8 +248,12 @@ async def test_a_consumer_delivers_from_the_stream_s_start_through_its_filters(b
     assert seen == [("before", 1), ("after", 1)]
 
 
-async def test_a_nak_redelivers_and_an_unacked_message_comes_back_after_ack_wait(bus: MemoryBus) -> None:
+async def test_a_nak_redelivers_and_an_unacked_message_comes_back_after_ack_wait(
+    bus: MemoryBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = bus.subjects
+    clock = use_bus_clock(monkeypatch, bus)
+    wait = bus.settings.ack_wait_s
     deliveries: list[int] = []
 
     async def on_message(msg: MemoryMsg) -> None:
@@ -205,33 +267,36 @@ async def test_a_nak_redelivers_and_an_unacked_message_comes_back_after_ack_wait
             with pytest.raises(MsgAlreadyAckdError):
                 await msg.ack()
 
-    loop = asyncio.get_running_loop()
-    async with consuming(bus, on_message):
-        began = loop.time()
+    async with asyncio.timeout(HANG_S), consuming(bus, on_message):  # hang guard
         ack = await bus.publish(s.completed("data"), cancel("r1"))
+        await bus.wait_for(lambda: deliveries == [1, 2], what="the nak's redelivery")  # no time passed
+        await clock.advance(0.9 * wait)
+        assert deliveries == [1, 2]  # not yet: the bus's clock is short of ack_wait since delivery 2
+        await clock.advance(0.1 * wait)
         await bus.wait_for(lambda: bus.tracking(ack, DURABLE).acked, what="the third delivery acked")
     assert deliveries == [1, 2, 3]
-    assert loop.time() - began >= bus.settings.ack_wait_s
     track = bus.tracking(ack, DURABLE)
     assert (track.delivered, track.naks, track.given_up) == (3, 1, False)
 
 
-async def test_in_progress_holds_a_message_past_ack_wait_and_term_ends_it(bus: MemoryBus) -> None:
+async def test_in_progress_holds_a_message_past_ack_wait_and_term_ends_it(
+    bus: MemoryBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
     s = bus.subjects
-    loop = asyncio.get_running_loop()
+    clock = use_bus_clock(monkeypatch, bus)
+    wait = bus.settings.ack_wait_s
 
     async def on_message(msg: MemoryMsg) -> None:
-        began = loop.time()
-        while loop.time() - began < 2 * bus.settings.ack_wait_s:  # working, and saying so
+        for _ in range(3):  # 2.7 ack waits of work, saying so before each ack wait is out
             await msg.in_progress()
-            await asyncio.sleep(bus.settings.ack_wait_s / 10)
+            await clock.advance(0.9 * wait)  # the free handler would take a redelivery due now
         await msg.term()
 
-    async with consuming(bus, on_message, concurrency=2):  # a second handler free to take a redelivery
+    async with asyncio.timeout(HANG_S), consuming(bus, on_message, concurrency=2):  # hang guard
         ack = await bus.publish(s.completed("data"), cancel("r1"))
         await bus.wait_for(lambda: bus.tracking(ack, DURABLE).termed, what="the message termed")
     track = bus.tracking(ack, DURABLE)
-    assert track.delivered == 1 and track.in_progress >= 3
+    assert track.delivered == 1 and track.in_progress == 3
 
 
 async def test_after_max_deliver_deliveries_a_message_is_given_up_with_an_advisory(bus: MemoryBus) -> None:

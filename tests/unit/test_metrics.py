@@ -213,7 +213,7 @@ async def test_a_cancelled_handling_counts_as_cancelled_and_leaves_nothing_in_fl
     durable = bus.subjects.durable("mcancel")
     async with running(bus, worker(bus, handler, "mcancel")):
         ack = await send(bus, "cancel-me")
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), 60)  # hang guard
         await bus.publish_core(bus.subjects.cancel, CancelRequested(request_id="cancel-me"))
         await bus.wait_for(lambda: bus.tracking(ack, durable).acked, what="the cancelled message acked")
     assert {k: v for k, v in counts("mcancel").items() if v} == {"cancelled": 1, "durations": 1}

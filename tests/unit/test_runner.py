@@ -1,4 +1,6 @@
-"""LocalRunner: real subprocesses, real signals. Timing asserts are loose upper bounds only."""
+"""LocalRunner: real subprocesses, real signals. No wall clock decides a test: a stage timeout fires
+when the test moves the runner's clock (:class:`StageClock`), and the only bounds on real time are
+generous hang guards."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from runners.base import LocalRunner, Runner, RunResult
 
 PY = sys.executable
 LONG = "300"  # seconds: far beyond any test; the runner must kill these
+HANG_S = 60.0  # hang guard only: a kill or an exit this test waits for takes well under a second
 
 
 def _alive(pid: int) -> bool:
@@ -34,7 +37,7 @@ def _alive(pid: int) -> bool:
     return raw[raw.rfind(")") + 2] not in "ZX"
 
 
-async def _wait_gone(pid: int, within_s: float = 20.0) -> bool:
+async def _wait_gone(pid: int, within_s: float = HANG_S) -> bool:  # within_s: a hang guard
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if not _alive(pid):
@@ -53,6 +56,34 @@ def _kill_if_alive(pid: int) -> None:
 @pytest.fixture
 def runner() -> LocalRunner:
     return LocalRunner(["PATH"], kill_grace_s=2.0)
+
+
+class StageClock:
+    """runners.base's ``time``, as the test says: it stands still, so no stage timeout can fire
+    however slow the machine, until :meth:`expire` moves it ``seconds`` on; from there it runs with
+    the real clock (the kill grace that follows is real time)."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+        self._jump: float | None = None
+        self._expired_at = 0.0
+
+    def monotonic(self) -> float:
+        if self._jump is None:
+            return self._start
+        return self._start + self._jump + (time.monotonic() - self._expired_at)
+
+    def expire(self, seconds: float) -> None:
+        self._jump, self._expired_at = seconds, time.monotonic()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> StageClock:
+    import runners.base
+
+    stage_clock = StageClock()
+    monkeypatch.setattr(runners.base, "time", stage_clock)
+    return stage_clock
 
 
 class Lines:
@@ -188,21 +219,25 @@ async def test_non_utf8_bytes_and_very_long_lines(tmp_path: Path) -> None:
     assert raw.endswith(b"no newline at end")
 
 
-async def test_timeout_kills_the_whole_tree_including_a_grandchild(runner: LocalRunner, tmp_path: Path) -> None:
+async def test_timeout_kills_the_whole_tree_including_a_grandchild(
+    runner: LocalRunner, clock: StageClock, tmp_path: Path
+) -> None:
     lines = Lines()
     # main sh -> child sh -> background sleep (the grandchild), all holding stdout.
     script = f"sh -c 'sleep {LONG} & echo grandchild=$!; wait' & echo child=$!; wait"
-    started = time.monotonic()
-    result = await runner.run(
-        ["sh", "-c", script], cwd=tmp_path, timeout_s=2, log_path=tmp_path / "log", on_line=lines
+    task = asyncio.ensure_future(
+        runner.run(["sh", "-c", script], cwd=tmp_path, timeout_s=2, log_path=tmp_path / "log", on_line=lines)
     )
-    elapsed = time.monotonic() - started
+    await lines.wait_for("grandchild=")
+    await lines.wait_for("child=")
+    assert not task.done()  # the clock stands still: no timeout yet, however long the start took
+    clock.expire(2.5)
+    result = await asyncio.wait_for(task, HANG_S)  # hang guard
     (grandchild,) = lines.pids("grandchild=")
     (child,) = lines.pids("child=")
     try:
         assert result.exit_code == 124
         assert result.timed_out and not result.cancelled
-        assert elapsed < 60
         assert await _wait_gone(grandchild), "grandchild survived the timeout"
         assert await _wait_gone(child), "child survived the timeout"
         message = "[ftbus] killed after 2 seconds: the stage timeout"
@@ -213,8 +248,8 @@ async def test_timeout_kills_the_whole_tree_including_a_grandchild(runner: Local
         _kill_if_alive(child)
 
 
-async def test_timeout_escalates_to_sigkill_for_processes_ignoring_sigterm(tmp_path: Path) -> None:
-    runner = LocalRunner(["PATH"], kill_grace_s=1.0)
+async def test_timeout_escalates_to_sigkill_for_processes_ignoring_sigterm(clock: StageClock, tmp_path: Path) -> None:
+    runner = LocalRunner(["PATH"], kill_grace_s=1.0)  # the grace runs on: SIGTERM is ignored forever
     lines = Lines()
     stubborn = (
         "import os, signal, subprocess, sys, time\n"
@@ -223,8 +258,12 @@ async def test_timeout_escalates_to_sigkill_for_processes_ignoring_sigterm(tmp_p
         "print(f'grandchild={sub.pid}', flush=True)\n"
         f"time.sleep({LONG})\n"
     )
-    result = await runner.run([PY, "-c", stubborn], cwd=tmp_path, timeout_s=1.5, log_path=tmp_path / "log",
-                              on_line=lines)
+    task = asyncio.ensure_future(runner.run([PY, "-c", stubborn], cwd=tmp_path, timeout_s=1.5,
+                                            log_path=tmp_path / "log", on_line=lines))
+    await lines.wait_for("grandchild=")  # SIGTERM is ignored from here on, in both processes
+    assert not task.done()
+    clock.expire(2.0)
+    result = await asyncio.wait_for(task, HANG_S)  # hang guard
     (grandchild,) = lines.pids("grandchild=")
     try:
         assert result.exit_code == 124 and result.timed_out
@@ -233,15 +272,21 @@ async def test_timeout_escalates_to_sigkill_for_processes_ignoring_sigterm(tmp_p
         _kill_if_alive(grandchild)
 
 
-async def test_a_child_in_its_own_process_group_is_killed_too(runner: LocalRunner, tmp_path: Path) -> None:
+async def test_a_child_in_its_own_process_group_is_killed_too(
+    runner: LocalRunner, clock: StageClock, tmp_path: Path
+) -> None:
     lines = Lines()
     # setpgid leaves our process group but not the session: it is still found and killed.
     regrouped = (
         f"import os, time; os.setpgid(0, 0); print(f'regrouped={{os.getpid()}}', flush=True); time.sleep({LONG})"
     )
     script = f"{PY} -c \"{regrouped}\" & sleep {LONG}"
-    result = await runner.run(["sh", "-c", script], cwd=tmp_path, timeout_s=2, log_path=tmp_path / "log",
-                              on_line=lines)
+    task = asyncio.ensure_future(runner.run(["sh", "-c", script], cwd=tmp_path, timeout_s=2,
+                                            log_path=tmp_path / "log", on_line=lines))
+    await lines.wait_for("regrouped=")  # it has left the group: the timeout comes after
+    assert not task.done()
+    clock.expire(2.5)
+    result = await asyncio.wait_for(task, HANG_S)  # hang guard
     (pid,) = lines.pids("regrouped=")
     try:
         assert result.timed_out
@@ -266,7 +311,7 @@ async def test_cancelling_the_task_kills_the_tree_and_reraises(runner: LocalRunn
         started = time.monotonic()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert time.monotonic() - started < 60
+        assert time.monotonic() - started < HANG_S  # hang guard: the cancel kills at once
         assert await _wait_gone(grandchild), "grandchild survived cancellation"
         assert await _wait_gone(child), "child survived cancellation"
     finally:
@@ -283,7 +328,7 @@ async def test_cancel_event_stops_the_run_and_reports_it(runner: LocalRunner, tm
     )
     await lines.wait_for("started")
     cancel.set()
-    result = await asyncio.wait_for(task, 60)
+    result = await asyncio.wait_for(task, HANG_S)  # hang guard
     assert result.cancelled and not result.timed_out
     assert result.exit_code == 130
     assert "cancelled" in result.output_tail
@@ -298,7 +343,7 @@ async def test_leftover_processes_are_killed_after_the_command_exits(runner: Loc
     (straggler,) = lines.pids("straggler=")
     try:
         assert result.exit_code == 0 and not result.timed_out
-        assert time.monotonic() - started < 60
+        assert time.monotonic() - started < HANG_S  # hang guard: the straggler is killed, not waited for
         assert "done" in lines.lines
         assert await _wait_gone(straggler), "straggler survived"
         note = "[ftbus] the command exited, leaving 1 process(es) of its group running: killed\n"
@@ -310,11 +355,15 @@ async def test_leftover_processes_are_killed_after_the_command_exits(runner: Loc
 async def test_a_process_that_left_the_session_does_not_hang_the_run(tmp_path: Path) -> None:
     runner = LocalRunner(["PATH"], kill_grace_s=1.0, drain_idle_s=1.0)
     lines = Lines()
-    escaper = f"import os, time; os.setsid(); print(f'escaped={{os.getpid()}}', flush=True); time.sleep({LONG})"
+    left = tmp_path / "left-the-session"
+    # The main command ends only once the escaper has left the session (not after a sleep that a
+    # slow start could outlast): it then holds the pipe open, silent, for good.
+    escaper = (f"import os, time; os.setsid(); print(f'escaped={{os.getpid()}}', flush=True); "
+               f"open('{left}', 'w').close(); time.sleep({LONG})")
+    main = f"{PY} -c \"{escaper}\" & while [ ! -e '{left}' ]; do sleep 0.05; done; echo main-done"
     result = await asyncio.wait_for(
-        runner.run(["sh", "-c", f"{PY} -c \"{escaper}\" & sleep 1; echo main-done"], cwd=tmp_path,
-                   timeout_s=120, log_path=tmp_path / "log", on_line=lines),
-        90,
+        runner.run(["sh", "-c", main], cwd=tmp_path, timeout_s=600, log_path=tmp_path / "log", on_line=lines),
+        HANG_S * 2,  # hang guard
     )
     for pid in lines.pids("escaped="):
         _kill_if_alive(pid)

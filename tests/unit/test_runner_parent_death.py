@@ -45,14 +45,14 @@ def test_child_dies_when_the_worker_is_killed(tmp_path: Path) -> None:
     worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path)], cwd=repo,
                               env={**os.environ, "PYTHONPATH": str(repo)})
     pid_file = tmp_path / "child.pid"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60  # hang guard: a condition wait, not a timing
     while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
     child = int(pid_file.read_text())
     assert _alive(child)
     worker.send_signal(signal.SIGKILL)
     worker.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # hang guard: a condition wait, not a timing
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the candidate process outlived its killed worker"
@@ -91,7 +91,7 @@ def test_orphaned_grandchildren_are_reaped_by_the_next_worker(tmp_path: Path) ->
     worker = subprocess.Popen([sys.executable, "-c", GRANDCHILD_WORKER, str(tmp_path)], cwd=repo,
                               env={**os.environ, "PYTHONPATH": str(repo)})
     pid_file = tmp_path / "grandchild.pid"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60  # hang guard: a condition wait, not a timing
     while not (pid_file.is_file() and pid_file.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
     grandchild = int(pid_file.read_text())
@@ -101,14 +101,14 @@ def test_orphaned_grandchildren_are_reaped_by_the_next_worker(tmp_path: Path) ->
     worker.send_signal(signal.SIGKILL)
     worker.wait()
     # Its parent (the worker's child) dies with the worker; the grandchild is re-parented, alive.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # hang guard: a condition wait, not a timing
     while _alive(grandchild) and _parent(grandchild) == parent and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _alive(grandchild), "setsid + re-parenting should have let it survive the worker"
     # The next worker's start reaps it (in a parallel test run another test's worker may get there
     # first: then it is gone already).
     assert grandchild in reap_orphans() or not _alive(grandchild)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # hang guard: a condition wait, not a timing
     while _alive(grandchild) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(grandchild)

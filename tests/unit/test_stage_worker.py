@@ -22,6 +22,7 @@ from shared.runtime import Outgoing, StageContext, StageWorker
 from shared.subjects import msg_id
 from tests.fakes.judge_events import context, data_summary, train_summary
 from tests.memory_bus import MemoryBus, memory_settings, running
+from tests.unit.test_memory_bus import HANG_S, use_bus_clock
 
 Handler = Callable[[DataResult, StageContext], Awaitable[list[TrainResult]]]
 
@@ -258,7 +259,7 @@ async def test_a_cancel_heard_while_the_handler_runs_cancels_it_publishes_nothin
     handler = Counting(until_cancelled)
     async with running(bus, train_worker(bus, handler)):
         ack = await send(bus, "cancel-1")
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), HANG_S)  # hang guard
         await bus.publish_core(bus.subjects.cancel, CancelRequested(request_id="cancel-1"))
         await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="the cancelled message acked")
     assert outcome == ["cancelled"]
@@ -279,11 +280,12 @@ async def test_a_message_of_a_request_cancelled_before_is_skipped_and_acked(bus:
 
 
 async def test_a_cancel_only_the_status_record_knows_skips_or_stops_the_stage(
-    make_bus: Callable[..., MemoryBus],
+    make_bus: Callable[..., MemoryBus], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A worker cut off from the cancel event: the status record says it, before the stage runs
     candidate code and at each heartbeat."""
     bus = make_bus(ack_wait_s=0.3, heartbeat_s=0.05)
+    use_bus_clock(monkeypatch, bus)  # the ack wait never runs out: no redelivery of later-1, however slow the beats
     status = await bus.kv(bus.subjects.kv_status)
     cancelled = RequestStatusView(request_id="known-1", status="running", cancel_requested=True)
     await status.put("known-1", cancelled.model_dump_json().encode())
@@ -294,12 +296,12 @@ async def test_a_cancel_only_the_status_record_knows_skips_or_stops_the_stage(
         await asyncio.Event().wait()
 
     handler = Counting(waits)
-    async with running(bus, train_worker(bus, handler)):
+    async with asyncio.timeout(HANG_S), running(bus, train_worker(bus, handler)):  # hang guard
         skipped = await send(bus, "known-1")
         await bus.wait_for(lambda: bus.tracking(skipped, durable(bus)).acked, what="known-1 skipped")
         assert handler.runs == []
         stopped = await send(bus, "later-1")
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), HANG_S)  # hang guard
         await status.put("later-1", cancelled.model_copy(update={"request_id": "later-1"}).model_dump_json().encode())
         await bus.wait_for(lambda: bus.tracking(stopped, durable(bus)).acked, what="later-1 stopped at a beat")
     assert handler.runs == [("later-1", 1)] and results(bus) == []
@@ -309,25 +311,28 @@ async def test_a_cancel_only_the_status_record_knows_skips_or_stops_the_stage(
 
 
 async def test_a_handler_running_longer_than_ack_wait_is_not_redelivered_meanwhile(
-    make_bus: Callable[..., MemoryBus],
+    make_bus: Callable[..., MemoryBus], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     bus = make_bus(ack_wait_s=0.5, heartbeat_s=0.05)
-    loop = asyncio.get_running_loop()
+    clock = use_bus_clock(monkeypatch, bus)  # the bus's ack wait goes by the test, the heartbeat by real time
     ack = await send(bus, "long-1")  # before the worker starts: it delivers from the stream's start
 
     async def works_a_while(event: DataResult, ctx: StageContext) -> None:
-        began = loop.time()
-        await bus.wait_for(lambda: loop.time() - began > 2 * bus.settings.ack_wait_s, what="two ack waits of work")
+        for _ in range(5):  # 2.5 ack waits of work, on the bus's clock, in half ack waits
+            beats = bus.tracking(ack, durable(bus)).in_progress
+            await bus.wait_for(lambda beats=beats: bus.tracking(ack, durable(bus)).in_progress > beats,
+                               what="a heartbeat")  # since the clock last moved
+            await clock.advance(bus.settings.ack_wait_s / 2)
 
     handler = Counting(works_a_while)
     # Two handlers: one would be free to take a redelivery, were the message let go.
     worker = StageWorker(bus, Stage.train, handler, (DataResult,), filters=[bus.subjects.completed("data")],  # type: ignore[arg-type]
                          runner=LocalRunner(bus.settings.passthrough_env), concurrency=2)
-    async with running(bus, worker):
+    async with asyncio.timeout(HANG_S), running(bus, worker):  # hang guard: the bus's clock stands still
         await bus.wait_for(lambda: bus.tracking(ack, durable(bus)).acked, what="the long run acked")
     assert handler.runs == [("long-1", 1)]
     track = bus.tracking(ack, durable(bus))
-    assert track.delivered == 1 and track.in_progress >= 5  # every ~50 ms for a second
+    assert track.delivered == 1 and track.in_progress >= 5  # one beat at least between moves of the clock
     assert len(results(bus)) == 1
 
 

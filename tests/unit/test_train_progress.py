@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -88,9 +88,30 @@ def test_recreated_file_is_read_from_its_start(tmp_path: Path) -> None:
     assert [p.step for p in follower.poll()] == [5]
 
 
+HANG_S = 60  # hang guard only: every wait below ends in milliseconds unless the follower is broken
+
+
+class WatchedStop(asyncio.Event):
+    """The follower's stop event, telling the test each time the follower waits on it between polls:
+    the order of polls and writes is then the test's, not the clock's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = asyncio.Event()
+
+    async def wait(self) -> Literal[True]:
+        self.waiting.set()
+        return await super().wait()
+
+    async def next_wait(self) -> None:
+        """Until the follower waits again: it has polled (and yielded) since this was called."""
+        self.waiting.clear()
+        await asyncio.wait_for(self.waiting.wait(), HANG_S)  # hang guard
+
+
 async def test_follow_yields_each_line_until_stopped(tmp_path: Path) -> None:
     path = tmp_path / "output" / "trainer_log.jsonl"
-    stop = asyncio.Event()
+    stop = WatchedStop()
     seen: list[TrainProgress] = []
 
     async def consume() -> None:
@@ -98,27 +119,30 @@ async def test_follow_yields_each_line_until_stopped(tmp_path: Path) -> None:
             seen.append(point)
 
     consumer = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)  # following a file that does not exist yet
+    await stop.next_wait()  # it polled a file that does not exist yet
+    assert seen == []
     path.parent.mkdir()
     for step in (1, 2, 3):
         with path.open("a") as f:
             f.write(line(step, total=4))
-        await asyncio.sleep(0.03)
+        await stop.next_wait()  # a poll after the write
+        assert [p.step for p in seen] == list(range(1, step + 1))
     with path.open("a") as f:
         f.write(line(4, total=4, remaining_time="0:00:00"))  # written just before the run ends
     stop.set()
-    await asyncio.wait_for(consumer, timeout=2)
+    await asyncio.wait_for(consumer, timeout=HANG_S)  # hang guard
     assert [p.step for p in seen] == [1, 2, 3, 4]
     assert seen[-1].eta_s == 0.0 and seen[-1].percentage == 100.0
 
 
 async def test_follow_ends_promptly_when_stopped(tmp_path: Path) -> None:
-    stop = asyncio.Event()
+    stop = WatchedStop()
 
     async def consume() -> list[TrainProgress]:
-        return [p async for p in TrainerLogFollower(tmp_path / "never.jsonl").follow(stop, poll_s=30)]
+        # An hour between polls: a follower that waited out its poll would run into the hang guard.
+        return [p async for p in TrainerLogFollower(tmp_path / "never.jsonl").follow(stop, poll_s=3600)]
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await stop.next_wait()  # it waits for its next poll
     stop.set()
-    assert await asyncio.wait_for(task, timeout=1) == []
+    assert await asyncio.wait_for(task, timeout=HANG_S) == []  # hang guard, far below the poll's hour
