@@ -81,7 +81,8 @@ demo: install toolchain sandbox
 # or a subprocess, so four share 2 cores well. tests/conftest.py gives every candidate run and every
 # process the tests start one thread (FTBUS_SANDBOX_CPUS=1, OMP_NUM_THREADS=1): with torch's own
 # thread counts the tests took 846 s here, with one thread 687 s (2026-12-06; three workers: 701 s);
-# with the sandbox image's bytecode (deploy/sandbox/build.sh) 550 to 612 s here, 606 to 695 s in clean clones.
+# with the sandbox image's bytecode (deploy/sandbox/build.sh) 550 to 612 s here, 606 to 695 s in clean clones;
+# in a random order (pytest-randomly), 600 s in a clean clone, 808 s beside two busy processes (2026-12-07).
 # TEST_WORKERS=0 runs them in this one.
 test: install toolchain sandbox-for-tests browser rdagent-env k8s-tools prometheus
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
