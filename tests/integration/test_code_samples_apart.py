@@ -241,20 +241,18 @@ def test_nothing_a_sample_stores_reaches_a_later_sample_of_its_problem(runtime: 
     ex = executor(runtime)
     task = "HumanEval/0"
     wrong = "    return None\n"
-    # The reader alone (what it reads in a container no writer has touched), then after the writer,
-    # twice, then in a run of its own after another writer's run.
+    # The reader alone (what it reads in a container no writer has touched), then right after the
+    # writer in one run, then in a run of its own after another writer's run.
     (alone,) = run(ex, [CodeSample("alone", completion(task, wrong, READER))])
     after = run(ex, [CodeSample("writer", completion(task, wrong, WRITER)),
-                     CodeSample("reader", completion(task, wrong, READER)),
-                     CodeSample("writer", completion(task, wrong, WRITER)),
                      CodeSample("reader", completion(task, wrong, READER))])
     run(ex, [CodeSample("writer", completion(task, wrong, WRITER))])
     (later,) = run(ex, [CodeSample("reader", completion(task, wrong, READER))])
-    assert [o.status for o in after] == ["failed"] * 4, [o.detail[-500:] for o in after]
+    assert [o.status for o in after] == ["failed"] * 2, [o.detail[-500:] for o in after]
     assert printed(after[0], "WROTE"), after[0].detail
     baseline = json.loads(printed(alone, "READ")[0])
     assert baseline["readable"] == 32, baseline  # the page-cache and atime carriers had files to use
-    for reader in (after[1], after[3], later):
+    for reader in (after[1], later):
         read = json.loads(printed(reader, "READ")[0])
         for carrier in ("files", "shm", "page cache", "atime"):
             assert read[carrier] != VALUE, (carrier, read)
@@ -363,10 +361,12 @@ def has_close_elements(numbers, threshold):
 
 @pytest.mark.parametrize("runtime", ["runc", "runsc"])
 def test_a_learner_passes_nothing_in_three_consecutive_runs(runtime: str) -> None:
-    ex = executor(runtime, concurrency=2)
+    # Eight samples a run: as many as it needs to learn HumanEval/0's seven answers where each call
+    # tells it how the last one fared.
+    ex = executor(runtime, concurrency=4)
     program = build_program("humaneval", item("HumanEval/0"), "    pass\n\n" + LEARNER)
     for _ in range(3):
-        outcomes = run(ex, [CodeSample(f"learner-{n}", program) for n in range(14)])
+        outcomes = run(ex, [CodeSample(f"learner-{n}", program) for n in range(8)])
         assert not [o for o in outcomes if o.passed], [o.detail[-300:] for o in outcomes if o.passed]
         assert all(o.status == "failed" for o in outcomes), [o.detail[-300:] for o in outcomes]
 
