@@ -765,10 +765,8 @@ def build_model_root(root: str = MODEL_ROOT) -> list[str]:
     imports the standard library only. The interpreter runs as ``os.path.realpath(sys.executable)``
     (it finds its prefix from there, as here)."""
     import shutil
-    import sysconfig
 
-    stdlib = sysconfig.get_paths()["stdlib"]
-    dynload = next((p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)), None)
+    stdlib, dynload = _model_path()
     executable = os.path.realpath(sys.executable)
     elves = [executable]
     ignored = shutil.ignore_patterns(*NOT_COPIED)
@@ -782,9 +780,8 @@ def build_model_root(root: str = MODEL_ROOT) -> list[str]:
             for name in files:
                 if name in skip:
                     continue
-                # A module as its compiled code alone, where it has one (half the files to copy:
-                # gVisor answers each open over its gofer); the import system loads it as it would
-                # the source.
+                # A module as its compiled code alone, where it has one (half the files to make:
+                # each costs under gVisor); the import system loads it as it would the source.
                 compiled = os.path.join(cache, f"{name[:-3]}.{sys.implementation.cache_tag}.pyc")
                 if name.endswith(".py") and os.path.exists(compiled):
                     shutil.copyfile(compiled, root + os.path.join(folder, name[:-3] + ".pyc"))
@@ -813,6 +810,14 @@ def build_model_root(root: str = MODEL_ROOT) -> list[str]:
     os.makedirs(root + "/tmp", exist_ok=True)
     os.chmod(root + "/tmp", 0o1777)
     return [p for p in (stdlib, dynload) if p]
+
+
+def _model_path() -> tuple[str, str | None]:
+    """This interpreter's standard library and its extension modules' folder."""
+    import sysconfig
+
+    dynload = next((p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)), None)
+    return sysconfig.get_paths()["stdlib"], dynload
 
 
 class _Capped:

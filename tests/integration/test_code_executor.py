@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -36,7 +37,8 @@ PROBLEMS = read_problems()
 #: Honest samples: right (canonical) and wrong (empty) answers.
 CANONICAL = ["HumanEval/0", "HumanEval/2", "HumanEval/4", "HumanEval/12"]
 EMPTY = ["HumanEval/3", "HumanEval/7"]
-#: Every hostile sample answers this problem (wrongly, unless said otherwise).
+#: The problem whose tests the "read-others" sample looks for (the others answer SPREAD's, wrongly
+#: unless said otherwise).
 TARGET = "HumanEval/0"
 #: The per-sample limit. Far above what any sample that ends takes (under a second unloaded; gVisor
 #: forks slowly, and the sample that forks 126 children one after another once passed 6 s there under
@@ -56,9 +58,15 @@ def item(task_id: str) -> BenchmarkItem:
                          entry_point=p["entry_point"])
 
 
-def hostile(code: str, *, right: bool = False, body: str | None = None, task: str = TARGET) -> CodeProgram:
-    """A completion of ``task`` (HumanEval/0 by default): its body (right, wrong, or ``body``), then
+#: The problems the hostile samples answer, one after another: a container never runs two samples of
+#: one problem, so spreading them keeps the batch to a few containers, as a benchmark's batch is.
+SPREAD = itertools.cycle(f"HumanEval/{n}" for n in (0, 1, 5, 6, 8, 9, 10, 11, 13, 14, 15, 16))
+
+
+def hostile(code: str, *, right: bool = False, body: str | None = None, task: str | None = None) -> CodeProgram:
+    """A completion of ``task`` (else the next of SPREAD): its body (right, wrong, or ``body``), then
     ``code`` at top level, which runs when the model's program is loaded, before any call."""
+    task = task or next(SPREAD)
     if body is None:
         body = item(task).answer if right else "    return None\n"
     return build_program("humaneval", item(task), body + "\n\n" + code.strip() + "\n")
@@ -146,7 +154,7 @@ for pid in os.listdir('/proc') if os.path.isdir('/proc') else []:
             print('PROC', pid, open(f'/proc/{{pid}}/cmdline', 'rb').read())
         except OSError:
             pass
-"""),
+""", task=TARGET),
     # No network: loopback has nothing, no route out, no name resolution, no engine socket. The
     # answer is right: it passes on its own tests, and nothing was reached.
     "socket": hostile("""
