@@ -498,32 +498,30 @@ class ModelIterator:
 RECORD = "__ftbus_failed__"
 
 
-class _GoingOn(ast.NodeTransformer):
-    """Each statement of the tests' module, and of every function of theirs that asserts, wrapped in
-    ``try: ... except Exception as e: __ftbus_failed__(e)``, through ``for``, ``while`` and ``if``
-    bodies; a ``try`` or ``with`` statement is wrapped whole (its own handlers and context managers
-    see its exceptions as they would unchanged)."""
-
-    def statements(self, body: list) -> list:
-        out = []
-        for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if any(isinstance(n, ast.Assert) for n in _own_nodes(node)):
-                    node.body = self.statements(node.body)
-                out.append(node)
-                continue
-            if isinstance(node, ast.Global | ast.Nonlocal | ast.Pass):
-                out.append(node)
-                continue
-            if isinstance(node, ast.Assert) and node.msg is not None:
-                node = _message_always(node)
-            if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.If):
-                node.body = self.statements(node.body) or [ast.Pass()]
-                node.orelse = self.statements(node.orelse)
-            handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name="__ftbus_exc__", body=[
-                ast.Expr(ast.Call(ast.Name(RECORD, ast.Load()), [ast.Name("__ftbus_exc__", ast.Load())], []))])
-            out.append(ast.copy_location(ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[]), node))
-        return out
+def _recording(body: list) -> list:
+    """The statements, each (and each of every test function that asserts, through ``for``,
+    ``while`` and ``if`` bodies) wrapped in ``try: ... except Exception as e: __ftbus_failed__(e)``; a
+    ``try`` or ``with`` statement wrapped whole (its own handlers and context managers see its
+    exceptions as they would unchanged)."""
+    out = []
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if any(isinstance(n, ast.Assert) for n in _own_nodes(node)):
+                node.body = _recording(node.body)
+            out.append(node)
+            continue
+        if isinstance(node, ast.Global | ast.Nonlocal | ast.Pass):
+            out.append(node)
+            continue
+        if isinstance(node, ast.Assert) and node.msg is not None:
+            node = _message_always(node)
+        if isinstance(node, ast.For | ast.AsyncFor | ast.While | ast.If):
+            node.body = _recording(node.body) or [ast.Pass()]
+            node.orelse = _recording(node.orelse)
+        handler = ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name="__ftbus_exc__", body=[
+            ast.Expr(ast.Call(ast.Name(RECORD, ast.Load()), [ast.Name("__ftbus_exc__", ast.Load())], []))])
+        out.append(ast.copy_location(ast.Try(body=[node], handlers=[handler], orelse=[], finalbody=[]), node))
+    return out
 
 
 #: An assert with a message, as the tests run it: the message is evaluated whether the assert holds or
@@ -574,7 +572,7 @@ def going_on(source: str, filename: str = "<benchmark tests>"):
     when the tests end: no statement failed. On right answers the rewritten tests run exactly as the
     original; on a wrong one, both fail (the original at its first failure, which is the one reported)."""
     tree = ast.parse(source, filename)
-    tree.body = _GoingOn().statements(tree.body)
+    tree.body = _recording(tree.body)
     return compile(ast.fix_missing_locations(tree), filename, "exec")
 
 
@@ -765,8 +763,10 @@ def build_model_root(root: str = MODEL_ROOT) -> list[str]:
     imports the standard library only. The interpreter runs as ``os.path.realpath(sys.executable)``
     (it finds its prefix from there, as here)."""
     import shutil
+    import sysconfig
 
-    stdlib, dynload = _model_path()
+    stdlib = sysconfig.get_paths()["stdlib"]
+    dynload = next((p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)), None)
     executable = os.path.realpath(sys.executable)
     elves = [executable]
     ignored = shutil.ignore_patterns(*NOT_COPIED)
@@ -810,14 +810,6 @@ def build_model_root(root: str = MODEL_ROOT) -> list[str]:
     os.makedirs(root + "/tmp", exist_ok=True)
     os.chmod(root + "/tmp", 0o1777)
     return [p for p in (stdlib, dynload) if p]
-
-
-def _model_path() -> tuple[str, str | None]:
-    """This interpreter's standard library and its extension modules' folder."""
-    import sysconfig
-
-    dynload = next((p for p in sys.path if p.endswith("lib-dynload") and os.path.isdir(p)), None)
-    return sysconfig.get_paths()["stdlib"], dynload
 
 
 class _Capped:
