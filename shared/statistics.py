@@ -142,6 +142,22 @@ def score_interval(mean: float, items: int, level: float = 0.95) -> tuple[float,
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def percent(level: float) -> str:
+    """A confidence level as a percentage, to the digits that tell it from 100%: 0.95 -> "95%",
+    0.9962 -> "99.62%" (never "100%" for a level below 1)."""
+    digits = max(0, math.ceil(-math.log10(max(1.0 - level, 1e-15))))
+    text = f"{level * 100:.{digits}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + "%"
+
+
+def p_text(p: float) -> str:
+    """A p-value or a threshold to two significant digits (0.012, 0.00023, 9.7e-05): never rounded to a
+    "p < 0.001" that may lie on either side of the threshold it is compared with."""
+    if p >= 0.001:
+        return f"{p:.2g}" if p < 0.1 else f"{p:.3f}".rstrip("0").rstrip(".") or "0"
+    return f"{p:.2g}"
+
+
 def _signed(x: float) -> str:
     text = f"{x:+.2f}"
     return "+0.00" if text == "-0.00" else text  # a difference that rounds to zero has no sign
@@ -210,8 +226,8 @@ class PairedComparison(BaseModel):
         return "better" if self.improves() else "worse"
 
     def describe(self, other: str = "the base model") -> str:
-        ci = f"{self.level * 100:.0f}% CI {_signed(self.ci_low)} to {_signed(self.ci_high)}"
-        p = "p < 0.001" if self.p_value < 0.001 else f"p = {self.p_value:.3f}"
+        ci = f"{percent(self.level)} CI {_signed(self.ci_low)} to {_signed(self.ci_high)}"
+        p = f"two-sided p = {p_text(self.p_value)}, threshold {p_text(1.0 - self.level)}"
         items = "1 item" if self.items == 1 else f"{self.items} items"
         if self.too_few:
             return (f"too few items to say against {other} ({items}, fewer than {MIN_ITEMS}: difference "
@@ -238,7 +254,8 @@ class PairedComparison(BaseModel):
         """What this comparison could have found, in words; None for an old verdict without it."""
         if self.disagreement is None:
             return None
-        share = f"{self.disagreement * 100:.0f}% of them differing"
+        differing = round(self.disagreement * self.items)
+        share = f"{differing} of them differing"
         if self.detectable is None:
             return (f"with {self.items} items and {share}, no improvement is detectable at "
                     f"{POWER * 100:.0f}% power")
@@ -302,6 +319,11 @@ def compare_paired(
         test, interval, only_c_count, only_b_count = "permutation", "inversion", None, None
         difference, p, low, high = sign_flip_inverted(diffs, weights, seed=seed, resamples=resamples, level=level)
         detectable = detectable_normal(diffs, weights, level=level)
+    # No improvement larger than the room the baseline leaves can be found: a "+1.40" says nothing is.
+    room = 1.0 - math.fsum(w * x for w, x in zip(weights, b, strict=True)) if higher_is_better else \
+        math.fsum(w * x for w, x in zip(weights, b, strict=True))
+    if detectable is not None and detectable > room:
+        detectable = None
     return PairedComparison(
         items=n,
         candidate_mean=math.fsum(w * x for w, x in zip(weights, c, strict=True)),

@@ -56,6 +56,7 @@ from shared.events import (
 from shared.logs import get_logger
 from shared.paired import describe_with_power
 from shared.settings import Settings
+from shared.statistics import p_text
 from shared.untrusted import Fence
 
 log = get_logger("ftbus.judge")
@@ -264,8 +265,14 @@ def campaign_sentence(check: CampaignCheck) -> str:
     """The campaign's comparison in words, for the feedback."""
     if check.index is None or check.level is None:
         return f"Campaign {check.campaign}: {check.summary}."
+    one_sided = ""
+    if check.paired is not None:
+        # The paired tests are symmetric: the one-sided p on the better side is half the two-sided one.
+        gain = check.paired.difference if check.paired.higher_is_better else -check.paired.difference
+        p = check.paired.p_value / 2 if gain > 0 else 1.0 - check.paired.p_value / 2
+        one_sided = f"; one-sided p = {p_text(p)} against that level"
     return (f"Campaign {check.campaign}, tested candidate #{check.index} (one-sided level {check.level:.4g} of the "
-            f"campaign's {check.alpha:g}, {check.procedure}): the candidate is {check.summary}.")
+            f"campaign's {check.alpha:g}, {check.procedure}{one_sided}): the candidate is {check.summary}.")
 
 
 async def _judge_in_campaign(facts: JudgeFacts, written: Written, settings: Settings, campaigns: CampaignStore,

@@ -217,7 +217,7 @@ async def _compare_says_lora_beats_the_null_candidate(settings: Settings, lora: 
     assert code == 0, err[-3000:]
     said = " ".join(out.split())
     match = re.match(rf"{lora} is better than {null} by \+([01]\.\d\d) \(95% CI \+([01]\.\d\d) to \+([01]\.\d\d), "
-                     r"p < 0\.001, 40 items\)", said)
+                     r"two-sided p = [0-9.e-]+, threshold 0\.05, 40 items\)", said)
     assert match, said
     difference, low, high = (float(g) for g in match.groups())
     assert 0 < low <= difference <= high

@@ -35,7 +35,7 @@ async def test_compare_two_requests_in_words_and_json_and_refuse_what_cannot_be_
     assert code == 0, err[-3000:]
     said = " ".join(out.split())
     assert re.match(rf"{strong} is better than {weak} by \+0\.\d\d \(95% CI \+0\.\d\d to \+\d\.\d\d, "
-                    rf"p (=|<) 0\.\d\d\d, {items} items\)", said), said
+                    rf"two-sided p = [0-9.e-]+, threshold 0\.05, {items} items\)", said), said
     # tiny-arith's subsets (10 and 6 validation items) weigh the same: the weighted sign-flip test.
     assert "a paired sign-flip permutation test, each of the 2 subsets weighing the same, with the interval " \
            "that inverts it" in said and "tiny-arith validation" in said

@@ -51,7 +51,8 @@ def test_better_beyond_noise_in_words_with_mcnemars_exact_p() -> None:
     assert p.candidate_only == 10 and p.baseline_only == 0
     assert 0 < p.ci_low <= 0.5 <= p.ci_high <= 1
     assert result.summary == (f"A is better than B by +0.50 (95% CI {p.ci_low:+.2f} to {p.ci_high:+.2f}, "
-                              "p = 0.002, 20 items); with 20 items and 50% of them differing, the smallest "
+                              "two-sided p = 0.002, threshold 0.05, 20 items); with 20 items and 10 of them differing, "
+                              "the smallest "
                               f"improvement detectable at 80% power is {p.detectable:+.2f}")
     assert result.benchmark == "tiny-arith" and result.base_models == ("tiny-llama", "tiny-llama")
     # The other way round: worse, by the same amount.
@@ -73,7 +74,8 @@ def test_a_difference_inside_the_noise_is_not_distinguishable() -> None:
     result = compare_verdicts(a, b)
     assert result.paired.ci_low <= 0 <= result.paired.ci_high
     assert re.fullmatch(r"A is not distinguishable from B \(difference \+0\.03, 95% CI -?\+?0\.\d\d to \+0\.\d\d, "
-                        r"p = 1\.000, 30 items\); with 30 items and 3% of them differing, no improvement is "
+                        r"two-sided p = 1, threshold 0\.05, 30 items\); with 30 items and 1 of them differing, "
+                        r"no improvement is "
                         r"detectable at 80% power", result.summary), result.summary
 
 
@@ -88,7 +90,8 @@ def test_graded_items_from_repeated_runs_use_the_permutation_test_at_the_level_a
     assert result.paired.test == "permutation" and result.paired.level == 0.99
     assert result.paired.p_value == pytest.approx(2 / 2**12)
     assert result.num_runs == 4
-    assert result.summary.startswith("A is better than B by +0.50 (99% CI +0.50 to +0.50, p < 0.001, 12 items)")
+    assert result.summary.startswith("A is better than B by +0.50 (99% CI +0.50 to +0.50, two-sided p = 0.00049, "
+                                     "threshold 0.01, 12 items)")
 
 
 def test_refused_without_a_verdict_saying_whether_the_request_is_unknown_or_still_running() -> None:

@@ -264,7 +264,7 @@ def test_with_40_items_and_few_disagreements_nothing_is_detectable() -> None:
     result = compare_paired({str(i): 1.0 if i < 3 else 0.0 for i in range(40)}, {str(i): 0.0 for i in range(40)})
     assert result.detectable is None and result.disagreement == pytest.approx(3 / 40)
     assert result.describe_power() == (
-        "with 40 items and 8% of them differing, no improvement is detectable at 80% power")
+        "with 40 items and 3 of them differing, no improvement is detectable at 80% power")
 
 
 def test_the_graded_detectable_difference_matches_a_simulation() -> None:

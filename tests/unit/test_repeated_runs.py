@@ -215,7 +215,8 @@ def test_a_clear_improvement_is_called_better_with_its_interval() -> None:
     assert paired.difference == pytest.approx(25 / 60)
     assert paired.ci_low > 0 and paired.improves()
     assert words.startswith("better than the base model by +0.42 (95% CI +")
-    assert words.endswith("p < 0.001, 60 items); with 60 items and 42% of them differing, the smallest "
+    assert words.endswith("two-sided p = 6e-08, threshold 0.05, 60 items); with 60 items and 25 of them differing, "
+                          "the smallest "
                           f"improvement detectable at 80% power is {paired.detectable:+.2f}")
 
 
@@ -253,8 +254,9 @@ def test_the_demo_and_the_verdict_view_print_the_comparison_in_words() -> None:
                           baseline=base, primary_metric="m", candidate_value=0.95, baseline_value=0.0,
                           difference=0.95, paired=paired, summary=words)))
     assert improvement_lines(verdict)[-1] == (
-        "paired over the same items: better than the base model by +0.95 (95% CI +0.63 to +1.00, p < 0.001, 40 items)"
-        "; with 40 items and 95% of them differing, the smallest improvement detectable at 80% power is +0.44")
+        "paired over the same items: better than the base model by +0.95 (95% CI +0.63 to +1.00, "
+        "two-sided p = 7.3e-12, threshold 0.05, 40 items); with 40 items and 38 of them differing, "
+        "the smallest improvement detectable at 80% power is +0.44")
     console = Console(record=True, width=300)
     render_verdict(console, verdict)
     assert f"paired: {words}" in console.export_text()

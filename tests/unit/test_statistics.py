@@ -190,7 +190,7 @@ def test_compare_clearly_better() -> None:
     assert result.p_value == pytest.approx(2 / 2**30)
     assert result.beyond_noise() and result.direction == "better"
     assert result.describe().startswith("better than the base model by +0.50 (95% CI +")
-    assert result.describe().endswith(", p < 0.001, 60 items)")
+    assert result.describe().endswith(", two-sided p = 1.9e-09, threshold 0.05, 60 items)")
     flipped = compare_paired(baseline, candidate, seed=0)
     assert flipped.direction == "worse"
     assert flipped.describe("model A").startswith("worse than model A by -0.50 (95% CI -")
@@ -202,7 +202,8 @@ def test_compare_null_cases_are_indistinguishable() -> None:
     assert identical.p_value == 1.0 and identical.direction == "indistinguishable"
     # No item differs: the interval is the bound on a difference that 0 of 60 disagreements leave, not a point.
     assert identical.describe() == (
-        "not distinguishable from the base model (difference +0.00, 95% CI -0.10 to +0.10, p = 1.000, 60 items)"
+        "not distinguishable from the base model (difference +0.00, 95% CI -0.10 to +0.10, two-sided p = 1, "
+        "threshold 0.05, 60 items)"
     )
     candidate, baseline = discordant(11, 9, both_right=100, both_wrong=80)
     tiny = compare_paired(scores([float(x) for x in candidate]), scores([float(x) for x in baseline]))
@@ -252,3 +253,23 @@ def test_beyond_noise_at_another_level_uses_only_the_p_value() -> None:
     result = compare_paired(scores([float(x) for x in candidate]), scores([float(x) for x in baseline]))
     assert 0.01 < result.p_value < 0.05 and result.ci_low > 0.0
     assert result.beyond_noise() and not result.beyond_noise(level=0.99)
+
+
+def test_levels_p_values_and_counts_print_to_the_digits_they_need() -> None:
+    from shared.statistics import p_text, percent
+
+    # A campaign's 4th test: a level of 0.9962 is not "100%".
+    assert percent(0.95) == "95%" and percent(0.9962) == "99.62%" and percent(0.99994) == "99.994%"
+    # A threshold below 0.001 is printed as it is, so a p-value is never "p < 0.001" beside it.
+    assert p_text(9.7e-05) == "9.7e-05" and p_text(0.012) == "0.012" and p_text(0.5) == "0.5"
+    one = compare_paired(scores([1.0] + [0.0] * 199), scores([0.0] * 200))
+    assert "with 200 items and 1 of them differing" in one.describe_power()
+
+
+def test_the_detectable_improvement_never_passes_the_room_the_baseline_leaves() -> None:
+    # Graded scores on 12 items, the baseline near the top: nothing above 1 - 0.9 can be found.
+    candidate = {f"i{k}": 1.0 if k % 2 else 0.95 for k in range(12)}
+    baseline = {f"i{k}": 0.9 for k in range(12)}
+    result = compare_paired(candidate, baseline)
+    assert result.detectable is None or result.detectable <= 1.0 - 0.9 + 1e-12
+    assert result.describe_power() is not None
