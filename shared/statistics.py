@@ -94,6 +94,9 @@ def majority_correct(runs: Sequence[tuple[str | None, bool]]) -> bool:
 
 # ---------------------------------------------------------------- the estimand and its weights
 
+#: The sign-flip test draws at least this many times 1 / (1 - level) patterns, so that the p-values it
+#: can give resolve the threshold they are compared with.
+RESOLVING_HITS = 20
 #: Fewer items than this and a comparison says "too few items to say" instead of a verdict.
 MIN_ITEMS = 10
 #: The lowest confidence level a comparison may be made at: below it noise passes for an improvement
@@ -317,6 +320,9 @@ def compare_paired(
         detectable = detectable_difference(n, disagreement, level=level)
     else:
         test, interval, only_c_count, only_b_count = "permutation", "inversion", None, None
+        # Enough patterns to resolve the threshold: a smallest p of 1 / (resamples + 1) must fall well
+        # below 1 - level (a campaign's 25th test compares with 9.7e-05: 10,000 patterns never could).
+        resamples = max(resamples, RESOLVING_HITS * math.ceil(1.0 / (1.0 - level)))
         difference, p, low, high = sign_flip_inverted(diffs, weights, seed=seed, resamples=resamples, level=level)
         detectable = detectable_normal(diffs, weights, level=level)
     # No improvement larger than the room the baseline leaves can be found: a "+1.40" says nothing is.

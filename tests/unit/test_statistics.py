@@ -273,3 +273,20 @@ def test_the_detectable_improvement_never_passes_the_room_the_baseline_leaves() 
     result = compare_paired(candidate, baseline)
     assert result.detectable is None or result.detectable <= 1.0 - 0.9 + 1e-12
     assert result.describe_power() is not None
+
+
+def test_a_graded_comparison_resolves_a_campaigns_smallest_thresholds() -> None:
+    # A campaign's 25th test: one-sided 4.9e-05, so two-sided p must fall below 9.7e-05. Graded scores
+    # (subsets of unequal size) and a clear gain: 10,000 patterns could give no p below 1 / 10,001.
+    from shared.online_testing import OnlineState, two_sided_level
+
+    state = OnlineState()
+    for _ in range(24):
+        state = state.after(False)
+    level = two_sided_level(state.next_level())
+    candidate = {f"{'a' if k < 40 else 'b'}/{k}": 1.0 if k % 5 else 0.5 for k in range(200)}
+    baseline = {f"{'a' if k < 40 else 'b'}/{k}": 0.0 if k % 3 else 1.0 for k in range(200)}
+    strata = {key: key.split("/")[0] for key in candidate}
+    result = compare_paired(candidate, baseline, level=level, strata=strata)
+    assert result.test == "permutation" and result.resamples * (1.0 - level) >= 20
+    assert result.p_value < 1.0 - level and result.improves()
