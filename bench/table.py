@@ -53,6 +53,8 @@ SCRIPTS: tuple[Script, ...] = (
     Script("pipelining", "a burst of 20 against the ideal pipeline bound"),
     Script("fair_share", "a campaign's one request behind another's thirty: arrival order against lanes"),
     Script("campaign_power", "a campaign's false-SOTA rate and the power it leaves (simulation, n = 200)"),
+    Script("search_power", "an agent's search before and after the confirmation pool: false 'better', power by "
+                           "position, items per candidate (simulation)"),
     Script("sweep_cost", "the aggregator's sweep against a bucket of finished requests"),
     Script("ls_cost", "listing requests (`ftbus ls`) with many on the server"),
     Script("artifact_memory", "a worker's memory while it moves a 1 GB artifact"),
