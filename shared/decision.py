@@ -106,8 +106,10 @@ class Decision(BaseModel):
     #: The screen's one-sided p-value on validation; None with too few items.
     screen_p: float | None
     screened: bool
+    #: The pool test's state, and the pool items this decision used (its confirmation and, when
+    #: confirmed, its estimate). For the operator's records only when not confirmed: what goes back to
+    #: the owner then is the answer and ``summary``, never these (the module's point 3).
     confirmation: Confirmation | None = None
-    #: Pool items this decision used (its confirmation and, when confirmed, its estimate).
     pool_items: int = 0
     #: A confirmed candidate's gain on fresh pool items, with its 95% interval.
     estimate: float | None = None
