@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.confirmation import BATCH, BUDGET, Confirmation, confirm, largest_possible_wealth
 from shared.online_testing import gamma
 from shared.paired_tests import upper_tail
-from shared.statistics import MIN_ITEMS, stratum_weights
+from shared.statistics import MIN_ITEMS, equal_weights, stratum_weights
 
 #: The chance, over an owner's whole history, that any "better" it was told is false.
 OWNER_ALPHA = 0.05
@@ -143,8 +143,7 @@ def screen_p(diffs: np.ndarray, weights: np.ndarray) -> float:
     for items right or wrong of equal weight, else the normal approximation of the weighted mean
     difference (the screen only decides which candidates use pool items, so an approximation costs
     power, never the guarantee)."""
-    equal = float(weights.max() - weights.min()) <= 1e-12 * float(weights.max())
-    if equal and np.isin(diffs, (-1.0, 0.0, 1.0)).all():
+    if equal_weights(list(weights)) and np.isin(diffs, (-1.0, 0.0, 1.0)).all():
         wins, losses = int((diffs > 0).sum()), int((diffs < 0).sum())
         return upper_tail(wins, wins + losses, 0.5) if wins + losses else 1.0
     w = weights / weights.sum()

@@ -127,7 +127,8 @@ def stratum_weights(strata: Sequence[str]) -> list[float]:
     return [1.0 / (len(sizes) * sizes[s]) for s in strata]
 
 
-def _equal(weights: Sequence[float]) -> bool:
+def equal_weights(weights: Sequence[float]) -> bool:
+    """Whether every item weighs the same (to rounding): one subset, or subsets of one size."""
     return max(weights) - min(weights) <= 1e-12 * max(weights)
 
 
@@ -310,7 +311,7 @@ def compare_paired(
     n = len(ids)
     disagreement = sum(1 for x in diffs if x != 0.0) / n
     binary = all(x in (0.0, 1.0) for x in c + b)
-    if binary and _equal(weights):
+    if binary and equal_weights(weights):
         result = mcnemar_exact([x == 1.0 for x in c], [x == 1.0 for x in b])
         test: Literal["mcnemar", "permutation"] = "mcnemar"
         p, only_c_count, only_b_count = result.p_value, result.candidate_only, result.baseline_only
@@ -345,7 +346,7 @@ def compare_paired(
         seed=seed,
         resamples=resamples,
         higher_is_better=higher_is_better,
-        weighting="items" if _equal(weights) else "subsets",
+        weighting="items" if equal_weights(weights) else "subsets",
         subsets=len(set(groups)),
         interval=interval,
         disagreement=disagreement,
