@@ -52,7 +52,6 @@ SCRIPTS: tuple[Script, ...] = (
     Script("precheck_burst", "pre-check failures, 100 at once"),
     Script("pipelining", "a burst of 20 against the ideal pipeline bound"),
     Script("fair_share", "a campaign's one request behind another's thirty: arrival order against lanes"),
-    Script("campaign_power", "a campaign's false-SOTA rate and the power it leaves (simulation, n = 200)"),
     Script("search_power", "an agent's search before and after the confirmation pool: false 'better', power by "
                            "position, items per candidate (simulation)"),
     Script("sweep_cost", "the aggregator's sweep against a bucket of finished requests"),
