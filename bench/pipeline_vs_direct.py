@@ -79,8 +79,8 @@ def direct(settings: Settings, example: Path, scratch: Path) -> dict[str, float]
     model = select_model(prepared.model_path, ws / "output")
     bench = 0.0
     for split in ("validation", "test"):
-        lm = prepare_lm_eval_run(spec, make_split(spec, split, settings.bench_max_items), ws / f"bench-{split}",
-                                 lm_eval="lm_eval", model=model, device="cpu")
+        manifest = make_split(spec, split, spec.max_items(settings.bench_max_items))
+        lm = prepare_lm_eval_run(spec, manifest, ws / f"bench-{split}", lm_eval="lm_eval", model=model, device="cpu")
         bench += run(lm.argv, ws, {**env, **lm.env})
     times["bench"] = bench
     times["total"] = time.perf_counter() - start

@@ -627,11 +627,13 @@ def list_benchmarks(assets_dir: Path, max_items: int) -> list[BenchmarkInfo]:
             infos.append(BenchmarkInfo(name=name, error=message))
             continue
         subsets = {}
+        per_split = spec.max_items(max_items)
         for subset in spec.subsets:
             n = len(spec.items(subset.name))
-            v0, v1 = split_bounds(n, "validation", max_items)
-            t0, t1 = split_bounds(n, "test", max_items)
-            subsets[subset.name] = {"items": n, "validation": v1 - v0, "test": t1 - t0}
+            v0, v1 = split_bounds(n, "validation", per_split)
+            p0, p1 = split_bounds(n, "pool", per_split)
+            t0, t1 = split_bounds(n, "test", per_split)
+            subsets[subset.name] = {"items": n, "validation": v1 - v0, "pool": p1 - p0, "test": t1 - t0}
         from evaluation.reference import REFERENCE
 
         validation = sum(s["validation"] for s in subsets.values())

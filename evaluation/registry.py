@@ -146,6 +146,9 @@ class BenchmarkSpec(_Model):
     answer_range: tuple[int, int] | None = None
     #: Samples per item (repeated runs); a request's ``num_runs`` wins. Meaningful with sampling.
     num_runs: int = Field(default=1, ge=1, le=MAX_RUNS)
+    #: At most this many items per subset in each of validation and test (and no more than the
+    #: setting bench_max_items): a small benchmark keeps items between them for its confirmation pool.
+    split_size: int | None = Field(default=None, gt=0)
     root: Path = Field(default=Path("."), exclude=True, description="The benchmark's folder (set by the loader).")
 
     @model_validator(mode="after")
@@ -172,6 +175,11 @@ class BenchmarkSpec(_Model):
         if len(set(names)) != len(names):
             raise ValueError(f"subset names repeat: {names}")
         return self
+
+    def max_items(self, setting: int) -> int:
+        """Items per subset and split: the setting ``bench_max_items``, or the benchmark's own
+        ``split_size`` where that is smaller."""
+        return setting if self.split_size is None else min(setting, self.split_size)
 
     @property
     def scorer_name(self) -> str:

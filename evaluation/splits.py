@@ -1,15 +1,20 @@
-"""Validation and hidden-test splits, materialised as manifests (pain point 7: no implicit ranges).
+"""Validation, hidden-test and confirmation-pool splits, materialised as manifests (no implicit ranges).
 
 As the reference's ``get_benchmark_ranges``: per subset of n items, validation is the first
 k = min(max_items, n // 2) items and test the last k, so the two never overlap and each holds at
 most ``max_items``. Unlike it, the evaluated item ids are recorded in a ``SplitManifest`` whose
 fingerprint (benchmark, version, split and the items' content) can key an evaluation cache.
+
+The items between the two, which the reference never uses, are the benchmark's confirmation pool
+(shared/decision.py): hidden as the test split is, drawn in batches in one fixed shuffled order
+across subsets (:func:`pool_order`), so that the first m pool items are a random sample of it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
 from typing import Literal
 
@@ -17,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evaluation.registry import BenchmarkError, BenchmarkItem, BenchmarkSpec
 
-Split = Literal["validation", "test"]
+Split = Literal["validation", "pool", "test"]
 DEFAULT_MAX_ITEMS = 100
 
 
@@ -37,6 +42,8 @@ def split_bounds(n: int, split: Split, max_items: int = DEFAULT_MAX_ITEMS) -> tu
     if max_items <= 0:
         raise ValueError("max_items must be positive")
     k = min(max_items, n // 2)
+    if split == "pool":
+        return (k, n - k)
     return (0, k) if split == "validation" else (n - k, n)
 
 
@@ -107,3 +114,35 @@ def write_split_data(spec: BenchmarkSpec, manifest: SplitManifest, dest_dir: Pat
         files[subset] = path.resolve()
     (dest_dir / "manifest.json").write_text(manifest.model_dump_json(indent=1), encoding="utf-8")
     return files
+
+
+def pool_order(spec: BenchmarkSpec, max_items: int = DEFAULT_MAX_ITEMS) -> list[tuple[str, BenchmarkItem]]:
+    """The confirmation pool's items, (subset, item), in the order confirmations draw them: every
+    subset's pool items, shuffled together with a seed of their content (the same order on every
+    worker, changed only when the items change)."""
+    pooled: dict[str, list[BenchmarkItem]] = {}
+    for subset in spec.subsets:
+        items = spec.items(subset.name)
+        start, stop = split_bounds(len(items), "pool", max_items)
+        pooled[subset.name] = items[start:stop]
+    order = [(subset, item) for subset, items in pooled.items() for item in items]
+    random.Random(_items_hash(pooled)).shuffle(order)
+    return order
+
+
+def pool_batch(spec: BenchmarkSpec, start: int, stop: int, max_items: int = DEFAULT_MAX_ITEMS,
+               order: list[tuple[str, BenchmarkItem]] | None = None) -> SplitManifest:
+    """The manifest of pool positions [start, stop) of :func:`pool_order` (fewer at the pool's end),
+    each subset's items in pool order: a run of it scores exactly those items."""
+    order = pool_order(spec, max_items) if order is None else order
+    selected: dict[str, list[BenchmarkItem]] = {}
+    for subset, item in order[start:stop]:
+        selected.setdefault(subset, []).append(item)
+    return SplitManifest(
+        benchmark=spec.name,
+        version=spec.version,
+        split="pool",
+        max_items=max_items,
+        item_ids={s: [i.id for i in items] for s, items in selected.items()},
+        sha256=_items_hash(selected),
+    )

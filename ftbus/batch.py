@@ -132,6 +132,11 @@ def decision_text(verdict: Verdict, markup: bool = False) -> str:
     else:
         text = f"final_decision {verdict.final_decision}" + (
             f" ({verdict.failed_stage})" if verdict.failed_stage else "")
+        policy = verdict.judge.policy if verdict.judge is not None else None
+        if verdict.final_decision and policy not in (None, "better"):
+            text += f" (judge_policy {policy}: not shown better)"
+        elif verdict.result.decision is not None and not verdict.final_decision:
+            text += f" ({verdict.result.decision.answer})"
         colour = "green" if verdict.final_decision else "yellow"
     return f"[{colour}]{escape(text)}[/]" if markup else text
 

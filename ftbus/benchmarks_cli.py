@@ -74,7 +74,7 @@ def benchmarks_import(
 
 
 COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "stderr<=", "test",
-           "detectable", "protocols", "source")
+           "pool", "detectable", "protocols", "source")
 POWER_NOTE = ("detectable: the smallest improvement the paired comparison on the validation items finds at "
               f"{POWER:.0%} power (95%, McNemar's exact test, subsets weighing the same), if "
               f"{'/'.join(f'{d:.0%}' for d in DISAGREEMENTS)} of the items differ between the two models; "
@@ -105,7 +105,9 @@ def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
                      names, str(sum(s["items"] for s in subsets.values())),
                      str(sum(s["validation"] for s in subsets.values())),
                      f"{info.validation_stderr_max:.3f}" if info.validation_stderr_max is not None else "",
-                     str(sum(s["test"] for s in subsets.values())), _detectable(info), ",".join(info.protocols),
+                     str(sum(s["test"] for s in subsets.values())),
+                     # The hidden confirmation pool: 0 means nothing can be confirmed better on it.
+                     str(sum(s.get("pool", 0) for s in subsets.values())), _detectable(info), ",".join(info.protocols),
                      info.source])
     return rows
 
@@ -119,9 +121,10 @@ def benchmarks_ls(
         "--json", help="The same as -o json: one JSON array on stdout, an object per benchmark.")] = False,
 ) -> None:
     """Each benchmark: version, scorer, primary metric (of the validation protocol), runs per item, items per
-    subset, split sizes, the validation score's largest standard error (0.5/sqrt(items)), the smallest
-    improvement its validation split can detect at 80% power (if 10%, 20% or 30% of the items differ
-    between the candidate and what it is compared with), its protocols.
+    subset, split sizes (validation, hidden test, hidden confirmation pool: with no pool, nothing can be
+    confirmed better under the default judge_policy), the validation score's largest standard error
+    (0.5/sqrt(items)), the smallest improvement its validation split can detect at 80% power (if 10%,
+    20% or 30% of the items differ between the candidate and what it is compared with), its protocols.
 
     Example: ftbus benchmarks ls -o plain"""
     settings = Settings()

@@ -55,7 +55,7 @@ class Topology:
                 s.stream_advisories, *(s.stream_lanes(stage) for stage in self.fair_share)]
 
     def buckets(self) -> list[str]:
-        return [self.s.kv_requests, self.s.kv_status, self.s.kv_campaigns,
+        return [self.s.kv_requests, self.s.kv_status, self.s.kv_campaigns, self.s.kv_owners,
                 *(self.s.kv_stage_results(stage) for stage in self.stages)]
 
     def stores(self) -> list[str]:

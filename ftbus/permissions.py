@@ -153,6 +153,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
         if g.campaigns is not None:
             allow.append((g.campaigns.why.format(s=s), [*t.kv_read(s.kv_campaigns),
                                                         *([f"$KV.{s.kv_campaigns}.>"] if g.campaigns.write else [])]))
+        if g.owners is not None:
+            allow.append((g.owners.why.format(s=s), [*t.kv_read(s.kv_owners),
+                                                     *([f"$KV.{s.kv_owners}.>"] if g.owners.write else [])]))
         deny = [*stage_denies_common, *([] if produces_test else test_results)]
         deny += [] if g.private is not None else [t.deny_private()]
         deny += [] if g.cache is not None else [t.deny_cache(g.no_cache)]
@@ -217,11 +220,11 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     dashboard_reads: list[str] = []
     dashboard_consumers: list[str] = []
     for stream in (s.stream_verdicts, s.stream_reports, s.stream_dlq, t.kv(s.kv_requests), t.kv(s.kv_status),
-                   t.kv(s.kv_campaigns), *(t.obj(o) for o in t.stores())):
+                   t.kv(s.kv_campaigns), t.kv(s.kv_owners), *(t.obj(o) for o in t.stores())):
         dashboard_consumers += [f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
                                 f"$JS.FC.{stream}.>"]
     dashboard_reads += [f"$JS.API.STREAM.MSG.GET.{st}" for st in (s.stream_verdicts, s.stream_reports, s.stream_dlq)]
-    for bucket in (s.kv_requests, s.kv_status, s.kv_campaigns):
+    for bucket in (s.kv_requests, s.kv_status, s.kv_campaigns, s.kv_owners):
         dashboard_reads += t.kv_read(bucket)
     for store in t.stores():
         o = t.obj(store)
@@ -230,9 +233,9 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
     dashboard = User(
         "dashboard",
         "Read-only: verdicts, reports (with the hidden test split: dashboards are their one audience),\n"
-        "full records and their public view, the campaigns, progress, dead letters, the four Object\n"
-        "Stores (stage logs; test-split logs in the private store; the caches, for inspection: no\n"
-        "purge).\n"
+        "full records and their public view, the campaigns, the owners' error budgets, progress, dead\n"
+        "letters, the four Object Stores (stage logs; test-split and pool logs in the private store; the\n"
+        "caches, for inspection: no purge).\n"
         "Publishes nothing.\n"
         "\n"
         "Its inbox is `_INBOX.dashboard.>`, NOT `_INBOX.ftbus-client.>`: agents may subscribe to\n"

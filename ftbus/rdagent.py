@@ -316,5 +316,9 @@ def apply_verdict(implementation: Any, verdict: Verdict, train_seconds: float | 
         # with the campaign's incumbent when there is a campaign.
         "baseline_comparison": {**baseline_comparison(verdict.result.baseline, verdict.result.benchmark),
                                 **({"campaign": campaign_result(verdict.result.campaign)}
-                                   if verdict.result.campaign is not None else {})},
+                                   if verdict.result.campaign is not None else {}),
+                                # The decision final_decision rests on under judge_policy=better (docs/rdagent.md).
+                                **({"decision": verdict.result.decision.model_dump(mode="json")}
+                                   if verdict.result.decision is not None else {}),
+                                "judge_policy": verdict.judge.policy if verdict.judge is not None else None},
     }

@@ -166,7 +166,8 @@ def _validation(settings: Settings, spec: Any, pretrained: Path, peft: Path | No
     from evaluation.scorers import extracted_answer
     from evaluation.splits import make_split, split_items
 
-    cap = settings.bench_max_items if limit is None else min(limit, settings.bench_max_items)
+    per_split = spec.max_items(settings.bench_max_items)
+    cap = per_split if limit is None else min(limit, per_split)
     manifest = make_split(spec, "validation", cap)
     inference = inference_for(settings, pretrained)
     model = ModelSelection("lora" if peft else "base", pretrained, peft)

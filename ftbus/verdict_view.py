@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
 
+from shared.decision import POLICY_MEANING
 from shared.events import Report, Verdict
 
 
@@ -19,6 +20,12 @@ def render_verdict(console: Console, verdict: Verdict | Report) -> None:
         judge = verdict.judge
         who = f"llm ({judge.model})" if judge.kind == "llm" else f"rules ({judge.reason or 'no LLM configured'})"
         head += f"\njudge: {who}"
+        if judge.policy is not None and verdict.final_decision:
+            head += f"\njudge_policy {judge.policy}: final_decision true means {POLICY_MEANING.get(judge.policy, '?')}"
+    if verdict.result.decision is not None:
+        d = verdict.result.decision
+        colour = "green" if d.better else ("red" if d.answer == "worse" else "yellow")
+        head += f"\n[{colour}]decision: {d.answer}[/]: {escape(d.summary)}"
     lines = [
         head,
         "",

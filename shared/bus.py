@@ -216,6 +216,7 @@ class Bus:
         await self.kv(s.kv_requests)
         await self.kv(s.kv_status)
         await self.kv(s.kv_campaigns)
+        await self.kv(s.kv_owners)
         for stage in Stage if stages is None else stages:
             await self.kv(s.kv_stage_results(stage))
         await self.artifacts()
@@ -236,7 +237,9 @@ class Bus:
                     history=1,
                     storage=api.StorageType.FILE,
                     replicas=self.settings.stream_replicas,
-                    ttl=self.settings.record_max_age_s,  # retention: records
+                    # Retention: records. An owner's error budget never expires: a budget that did
+                    # would let an owner's history start again (shared/owners.py).
+                    ttl=None if bucket == self.subjects.kv_owners else self.settings.record_max_age_s,
                 )
             except BadRequestError:
                 kv = await self.js.key_value(bucket)

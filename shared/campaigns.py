@@ -19,7 +19,7 @@ import hashlib
 import re
 from datetime import datetime
 
-from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events import (
@@ -29,6 +29,7 @@ from shared.events import (
     TaskSpec,
     utcnow,
 )
+from shared.kv_cas import RevisionConflict, write_at
 from shared.online_testing import PROCEDURE, OnlineState, two_sided_level
 from shared.paired import BOOTSTRAP_SEED, compare_scores, describe_with_power
 from shared.statistics import PairedComparison
@@ -189,20 +190,11 @@ class CampaignStore:
     async def put(self, record: CampaignRecord) -> CampaignRecord:
         """Write ``record`` if the stored one is still at ``record.revision`` (0: none stored); raise
         :class:`CampaignConflict` otherwise. Returns the record with its new revision."""
-        kv = await self._kv()
-        data = record.model_dump_json().encode()
         try:
-            if record.revision == 0:
-                revision = await kv.create(record.name, data)  # type: ignore[attr-defined]
-            else:
-                revision = await kv.update(record.name, data, last=record.revision)  # type: ignore[attr-defined]
-        except KeyWrongLastSequenceError as exc:
+            revision = await write_at(await self._kv(), record.name, record.model_dump_json().encode(),
+                                      record.revision)
+        except RevisionConflict as exc:
             raise CampaignConflict(record.name) from exc
-        except BadRequestError as exc:
-            # nats-py reports a create of an existing key as a bad request naming the wrong last sequence.
-            if "wrong last sequence" in str(exc).lower():
-                raise CampaignConflict(record.name) from exc
-            raise
         stored = record.model_copy()
         stored.revision = revision
         return stored

@@ -58,6 +58,16 @@ WORSE_LEVEL = 0.95
 
 Answer = Literal["better", "indistinguishable", "worse"]
 
+#: What a true ``final_decision`` means under each ``judge_policy`` (services/judge/decide.py): what
+#: every view of a verdict says beside it.
+POLICY_MEANING: dict[str, str] = {
+    "better": "better than the base model, confirmed on hidden items",
+    "both": "every check passed, the LLM accepted, and validation is not below the base model (not: better)",
+    "llm": "every check passed and the LLM accepted (not: better than the base model)",
+    "rules": "every check passed (not: better than the base model)",
+    "significant": "better than the base model beyond noise on validation alone (not confirmed on hidden items)",
+}
+
 
 class Pool(Protocol):
     """The hidden confirmation pool of one benchmark, as a decision sees it."""

@@ -301,9 +301,13 @@ class Settings(BaseSettings):
     judge_prompts_file: Path | None = Field(
         default=None, description="Judge prompt templates (YAML). Default: the repository's prompts/judge.yaml."
     )
-    judge_policy: Literal["both", "llm", "rules", "significant"] = Field(
-        default="llm",
-        description="Who decides when every rule passes (a failed rule always fails the candidate): `llm` the "
+    judge_policy: Literal["better", "both", "llm", "rules", "significant"] = Field(
+        default="better",
+        description="Who decides when every rule passes (a failed rule always fails the candidate): `better` "
+        "(the default) the candidate must be better than the base model as the benchmark stage's decision says "
+        "(screened on validation, confirmed on the hidden confirmation pool at the owner's level: "
+        "shared/decision.py), and the LLM's answer may still refuse it; the policies below keep looser "
+        "meanings, which every view of a verdict names: `llm` the "
         "LLM's answer; `rules` the rules, the LLM only writes the prose; `both` the LLM's answer, and the "
         "candidate must not score below the base model on validation, a check made with or without an LLM; "
         "`significant` the LLM's answer, and the candidate must beat the base model beyond noise on the same "

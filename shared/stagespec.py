@@ -74,6 +74,8 @@ class Grants:
     no_cache: str = ""
     #: The campaigns bucket (validation data only), read and compare-and-set write.
     campaigns: Grant | None = None
+    #: The owners' error budgets (shared/owners.py), read and compare-and-set write.
+    owners: Grant | None = None
 
 
 @dataclass(frozen=True)

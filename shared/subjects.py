@@ -137,6 +137,12 @@ class Subjects:
         agents read a campaign (`ftbus campaign NAME`), dashboards read them all."""
         return f"{self.prefix}_campaigns"
 
+    @property
+    def kv_owners(self) -> str:
+        """One error budget per owner (shared/owners.py): the bench stage reads and writes it by
+        compare-and-set, dashboards read it; agents neither."""
+        return f"{self.prefix}_owners"
+
     def kv_stage_results(self, stage: str) -> str:
         """One bucket per stage, so NATS permissions can give each stage only its own (the bench
         stage's holds test-split results)."""
@@ -209,6 +215,7 @@ def topology_stream_names(subjects: Subjects, stages: Sequence[str] | None = Non
         f"KV_{subjects.kv_requests}",
         f"KV_{subjects.kv_status}",
         f"KV_{subjects.kv_campaigns}",
+        f"KV_{subjects.kv_owners}",
         *(f"KV_{subjects.kv_stage_results(stage)}" for stage in pipeline_stages(stages)),
         f"OBJ_{subjects.object_store}",
         f"OBJ_{subjects.object_store_cache}",

@@ -125,7 +125,20 @@ def _task_fields(record: RequestRecord) -> dict[str, Any]:
         "base_model": task.base_model if task else None,
         "benchmark": task.benchmark if task else None,
         "description": task.description if task else "",
+        **decision_fields(record),
     }
+
+
+def decision_fields(record: RequestRecord) -> dict[str, Any]:
+    """What the decision pill says beside final_decision: the policy that made it (under any other
+    than ``better`` an accepted candidate is not thereby better, and the pill says so) and the
+    decision's answer (better, indistinguishable, worse)."""
+    result = verdict_result(record)
+    judge = record.verdict.judge if record.verdict is not None else (record.judge.judge if record.judge else None)
+    decision = result.decision if result is not None else None
+    return {"policy": judge.policy if judge is not None else None,
+            "answer": decision.answer if decision is not None else None,
+            "answer_summary": decision.summary if decision is not None else None}
 
 
 def _progress_json(progress: Progress | None) -> dict[str, Any] | None:
@@ -299,6 +312,8 @@ def validation(result: VerdictResult | None) -> dict[str, Any] | None:
         # The paired comparison with the base model on the same items, and its words (or why there is none).
         "paired": paired_json(comparison.paired) if comparison and comparison.paired else None,
         "summary": comparison.summary if comparison else None,
+        # The decision (better / not distinguishable / worse than the base model, confirmed on the pool).
+        "decision": result.decision.model_dump(mode="json") if result.decision is not None else None,
     }
 
 

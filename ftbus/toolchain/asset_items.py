@@ -141,6 +141,30 @@ def sentiment_items() -> dict[str, list[dict[str, Any]]]:
     }
 
 
+#: tiny-sentiment's split size (benchmark.yaml ``split_size``): 20 validation and 20 test items a subset,
+#: and the items between them its hidden confirmation pool.
+SENTIMENT_SPLIT = 20
+#: Pool items per subset, placed between the validation and the test items.
+SENTIMENT_POOL = 60
+
+
+def with_sentiment_pool(items: dict[str, list[dict[str, Any]]], exclude_questions: set[str],
+                        ) -> dict[str, list[dict[str, Any]]]:
+    """tiny-sentiment with its confirmation pool: each subset's first 20 items (validation) and last
+    20 (test) as :func:`sentiment_items` made them, and 60 new reviews between them, none of them a
+    benchmark or training question (so the tokenizer, the training data and both splits stay as
+    they were, and no candidate trained on a pool item)."""
+    rng = random.Random(SEED + 5)
+    seen = set(exclude_questions) | {i["question"] for subset in items.values() for i in subset}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for domain, subset in items.items():
+        fresh = _unique_items(rng, lambda d=domain: _review(rng, d), SENTIMENT_POOL, seen)
+        seen |= {q for q, _ in fresh}
+        pool = [{"id": f"{domain}-{len(subset) + j:03d}", "question": q, "answer": a} for j, (q, a) in enumerate(fresh)]
+        out[domain] = [*subset[:SENTIMENT_SPLIT], *pool, *subset[SENTIMENT_SPLIT:]]
+    return out
+
+
 def review_records(exclude_questions: set[str], n: int = 600) -> list[dict[str, str]]:
     """Training reviews for tiny-reviews; benchmark questions are excluded."""
     rng = random.Random(SEED + 3)

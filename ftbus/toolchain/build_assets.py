@@ -232,7 +232,8 @@ BENCH_DESCRIPTIONS = {
 }
 
 
-def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any]]]) -> None:
+def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any]]],
+                    split_size: int | None = None) -> None:
     import yaml  # comes with the toolchain (transformers, LlamaFactory)
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -251,6 +252,8 @@ def build_benchmark(dest: Path, name: str, subsets: dict[str, list[dict[str, Any
     }
     if not mc:
         spec["generation"] = {"max_gen_toks": 16, "until": ["\n"]}
+    if split_size is not None:
+        spec["split_size"] = split_size
     (dest / "benchmark.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
     for subset, items in subsets.items():
         _write_jsonl(dest / f"{subset}.jsonl", items)
@@ -277,9 +280,13 @@ def build_all(assets: Path, force: bool = False) -> list[str]:
         (assets / "datasets" / "tiny-qa", lambda d: build_dataset(d, records)),
         (assets / "datasets" / "tiny-reviews", lambda d: build_dataset(d, reviews, REVIEWS_README)),
     ]
+    # tiny-sentiment gets its confirmation pool here, after the tokenizer's corpus and the training
+    # reviews were made without it: both stay as they were.
+    benches["tiny-sentiment"] = asset_items.with_sentiment_pool(sentiment, {r["question"] for r in reviews})
+    split_sizes = {"tiny-sentiment": asset_items.SENTIMENT_SPLIT}
     for name, subsets in benches.items():
         steps.append((assets / "benchmarks" / name,
-                      lambda d, name=name, subsets=subsets: build_benchmark(d, name, subsets)))
+                      lambda d, name=name, subsets=subsets: build_benchmark(d, name, subsets, split_sizes.get(name))))
     grade_school, grade_school_records = asset_items.grade_school_items()
     steps += [
         (assets / "datasets" / "grade-school-arith",

@@ -29,6 +29,7 @@ from evaluation.splits import SplitManifest, make_split
 from evaluation.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
 from runners.base import EXIT_TIMEOUT, RunResult, thread_env
 from runners.sandbox import Sandbox
+from services.benchmark.confirm import ScoreItems, decide_on_pool, owner_of
 from shared.artifacts import ArtifactStore, materialise
 from shared.events import (
     ArtifactRef,
@@ -102,15 +103,46 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[BenchResult | Ou
         return await _handle_warm(ctx, event, spec, model, base_model, device, inference)
 
     async def one_split(split: SplitName) -> list[BenchResult | Outgoing]:
-        manifest = make_split(spec, split, settings.bench_max_items)
+        manifest = make_split(spec, split, spec.max_items(settings.bench_max_items))
         candidate = await _run_split(ctx, event, spec, manifest, model, device, inference, label=split)
         baseline = None
         if candidate.scores is not None:
             baseline = await _baseline(ctx, event, spec, manifest, base_model, device, inference)
         return [_result(event, ctx, split, candidate, _compare(candidate.scores, baseline))]
 
+    async def score_items(manifest: SplitManifest, base: bool, label: str) -> BenchmarkScores | None:
+        if base:
+            return await _baseline(ctx, event, spec, manifest, base_model, device, inference)
+        return (await _run_split(ctx, event, spec, manifest, model, device, inference, label=label)).scores
+
     validation, test = await asyncio.gather(one_split("validation"), one_split("test"))
-    return validation + test
+    return await _with_decision(ctx, event, spec, validation + test, score_items)
+
+
+async def _with_decision(ctx: StageContext, event: TrainResult, spec: BenchmarkSpec,
+                         results: list[BenchResult | Outgoing], score_items: ScoreItems,
+                         ) -> list[BenchResult | Outgoing]:
+    """The validation result with its decision (services/benchmark/confirm.py): better than, not
+    distinguishable from, or worse than the base model, confirmed on the hidden pool."""
+    validation = results[0]
+    if (not isinstance(validation, BenchResult) or not validation.ok or validation.benchmark is None
+            or validation.baseline is None):
+        return results
+    private = await ctx.bus.private_artifacts()
+
+    async def keep(data: bytes) -> object:
+        return await private.put_bytes(f"{event.request_id}/decision.json", data)
+
+    try:
+        decision = await decide_on_pool(
+            bus=ctx.bus, spec=spec, max_items=spec.max_items(ctx.settings.bench_max_items),
+            candidate=validation.benchmark, baseline=validation.baseline.baseline, owner=owner_of(None),
+            score_items=score_items, private_put=keep)
+    except ValueError as exc:
+        # Validation scores that cannot be paired: the verdict says why, nothing is called better.
+        log.warning("no decision", error=str(exc))
+        return results
+    return [validation.model_copy(update={"decision": decision}), *results[1:]]
 
 
 #: Weight formats that torch.load unpickles: loading one runs whatever code the pickle names.
@@ -266,7 +298,8 @@ async def _handle_warm(
     settings = ctx.settings
     engine = engine_for(ctx.runner, settings)
     timeout = ctx.timeout(event.context)
-    manifests = {split: make_split(spec, split, settings.bench_max_items) for split in ("validation", "test")}
+    per_split = spec.max_items(settings.bench_max_items)
+    manifests = {split: make_split(spec, split, per_split) for split in ("validation", "test")}
     name = LABELS[settings.bench_backend]
 
     async def announce(split: WarmSplit) -> None:
@@ -319,12 +352,33 @@ async def _handle_warm(
             store = await _cache_store_for(ctx, uncached[label].manifest)
             await store.put_bytes(cache_names[split], run.scores.model_dump_json().encode())
             baselines[split] = run.scores
+
+    async def score_items(manifest: SplitManifest, base: bool, label: str) -> BenchmarkScores | None:
+        """A pool batch on the warm engine (the base model's pool once, then cached privately)."""
+        cache_name = None
+        if base:
+            cache_name, cached = await _cached_baseline(ctx, manifest, base_model, device, inference)
+            if cached is not None:
+                return cached
+        scored = select_model(base_model, None) if base else model
+        split = WarmSplit(label, manifest)
+        runs = await engine.run(spec, scored, [split], ctx.workdir, device=device, timeout_s=timeout,
+                                on_split=announce, seed=SAMPLING_SEED, inference=inference)
+        run = (await score({label: split}, runs, scored))[label]
+        if cache_name is not None and run.scores is not None:
+            await (await _cache_store_for(ctx, manifest)).put_bytes(cache_name, run.scores.model_dump_json().encode())
+        return run.scores
+
+    decided = await _with_decision(
+        ctx, event, spec,
+        [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
+         for split in ("validation", "test")],
+        score_items)
     # The request's benchmark is over: its results are about to be stored, its journals not needed
     # (a baseline's too, which a lost attempt may have cached before it was lost).
     for journal in journals.values():
         await journal.clear()
-    return [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
-            for split in ("validation", "test")]
+    return decided
 
 
 async def _say_resumed(ctx: StageContext, label: str, run: WarmRun) -> int | None:
@@ -401,14 +455,14 @@ async def _cached_baseline(
 
 
 async def _store_for(ctx: StageContext, manifest: SplitManifest) -> ArtifactStore:
-    """Anything about the hidden test split (its logs, its baseline) goes to the private store,
-    which agents and the judge cannot read."""
-    return await ctx.bus.private_artifacts() if manifest.split == "test" else ctx.artifacts
+    """Anything about the hidden test split or the confirmation pool (logs, baselines) goes to the
+    private store, which agents and the judge cannot read."""
+    return await ctx.bus.private_artifacts() if manifest.split != "validation" else ctx.artifacts
 
 
 async def _cache_store_for(ctx: StageContext, manifest: SplitManifest) -> ArtifactStore:
-    """Baselines are caches: validation ones in the workers-only cache store, test ones private."""
-    return await ctx.bus.private_artifacts() if manifest.split == "test" else await ctx.bus.cache_artifacts()
+    """Baselines are caches: validation ones in the workers-only cache store, test and pool ones private."""
+    return await ctx.bus.private_artifacts() if manifest.split != "validation" else await ctx.bus.cache_artifacts()
 
 
 def _compare(candidate: BenchmarkScores | None, baseline: BenchmarkScores | None) -> BaselineComparison | None:
@@ -446,13 +500,16 @@ SPEC = StageSpec(
         note="`ftbus worker bench` (GPU nodes). It PRODUCES the test split's result: it publishes\n"
              "{s.bench_test} (stored by {s.stream_test}, which it never reads back), keeps both\n"
              "BenchResults in its own results bucket, and writes the test split's logs and baseline cache\n"
-             "to {s.object_store_private} (and reads the cache back). The validation split's baseline cache is in\n"
+             "to {s.object_store_private} (and reads the cache back), as it does the hidden confirmation\n"
+             "pool's logs, baseline and decisions. The validation split's baseline cache is in\n"
              "{s.object_store_cache} (read and write).",
         artifacts=Grant("artifacts: validation logs out"),
         models=Grant("the trained outputs in, from {s.object_store_models}", write=False),
         private=Grant("the private store: test-split logs out, the test baseline cache in/out"),
         cache=Grant("the workers-only cache store: the validation baseline cache in/out\n"
                     "(`cache/baseline/<key>/scores.json`)"),
+        owners=Grant("the owners' error budgets ({s.kv_owners}): read an owner's, write it back by\n"
+                     "compare-and-set after a confirmation on the hidden pool (services/benchmark/confirm.py)"),
     ),
     # One split's limit; two splits, one after the other.
     timeout=lambda settings: settings.bench_timeout_s,

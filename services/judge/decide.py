@@ -6,9 +6,14 @@ Decision policy (``judge_policy``; docs/judge.md):
   a failed rule criterion makes the final decision false, whatever the policy or the LLM says;
 - when every rule passes, the policy decides:
 
+  - ``better`` (the default): the candidate must be better than the base model, as the benchmark
+    stage's decision says (shared/decision.py: screened on validation, confirmed on the hidden
+    pool at the owner's level), and the LLM may still refuse it; "not distinguishable" and "worse"
+    are refused, whatever the LLM says. The one policy under which a true ``final_decision`` means
+    "better"; under the four below it means less, and every view of a verdict says so;
   - ``rules``: the rules decide, so the final decision is true; the LLM only writes the prose (and
     when it judged the run a failure, the feedback says that the policy overrode it);
-  - ``llm`` (the default): the LLM's decision;
+  - ``llm``: the LLM's decision (the reference evaluator's meaning: the run worked and the LLM liked it);
   - ``both``: the LLM's decision, and also a measured check the LLM cannot override: the candidate
     must not score below the base model on the validation split (the benchmark stage's baseline
     comparison; no baseline measured, no check);
@@ -43,6 +48,7 @@ from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
 from services.judge.prompts import build_context, render_system, render_user, templates_for
 from services.judge.rules import JudgedEvent, train_of
 from shared.campaigns import CampaignConflict, CampaignStore, check_candidate, record_after, recorded_check
+from shared.decision import POLICY_MEANING
 from shared.events import (
     BenchResult,
     CampaignCheck,
@@ -62,7 +68,7 @@ from shared.untrusted import Fence
 log = get_logger("ftbus.judge")
 
 #: The values of ``Settings.judge_policy``.
-JudgePolicy = Literal["both", "llm", "rules", "significant"]
+JudgePolicy = Literal["better", "both", "llm", "rules", "significant"]
 
 
 @dataclass(frozen=True)
@@ -75,12 +81,15 @@ class PolicyDecision:
 
 def measured_refusal(facts: JudgeFacts, policy: JudgePolicy) -> str | None:
     """Why the measurements refuse the candidate under ``policy``, or None: the failed rules (every
-    policy), the baseline shortfall (``both``), no improvement beyond noise (``significant``). The
+    policy), not better (``better``), the baseline shortfall (``both``), no improvement beyond noise
+    (``significant``). The
     LLM's answer is no input here: nothing it says can lift a refusal."""
     if not facts.rules.decision:
         return "deterministic checks failed: " + "; ".join(facts.rules.failed_criteria)
     if policy == "both" and facts.below_baseline:
         return f"judge_policy=both requires the candidate not to score below the base model: {facts.below_baseline}"
+    if policy == "better" and facts.not_better:
+        return f"judge_policy=better accepts only a candidate better than the base model: {facts.not_better}"
     if policy == "significant" and facts.not_beyond_noise:
         return ("judge_policy=significant requires the candidate to beat the base model beyond noise: "
                 f"{facts.not_beyond_noise}")
@@ -150,6 +159,7 @@ def _verdict_result(event: JudgedEvent) -> VerdictResult:
         benchmark=event.benchmark if isinstance(event, BenchResult) else None,
         training_metrics=training,
         baseline=event.baseline if isinstance(event, BenchResult) else None,
+        decision=event.decision if isinstance(event, BenchResult) else None,
         data_stats=event.data.data_stats,
         data_cached=event.data.cached,
     )
@@ -223,19 +233,27 @@ async def _write(facts: JudgeFacts, settings: Settings) -> Written:
 def _finish(facts: JudgeFacts, written: Written, settings: Settings) -> tuple[Feedback, JudgeInfo]:
     """The policy applied to the written feedback: the final decision, and a note when they differ."""
     feedback = written.feedback
+    decision = facts.event.decision if isinstance(facts.event, BenchResult) else None
+    if decision is not None:
+        # The decision, in the feedback whoever wrote it: the one question a verdict answers first.
+        feedback = feedback.model_copy(update={
+            "return_checking": (f"{feedback.return_checking}\n\n[ftbus] Decision: {decision.answer}. "
+                                f"{decision.summary}.")})
     if facts.campaign is not None:
         # The campaign's comparison, in the feedback whoever wrote it: the agent reads it there.
         feedback = feedback.model_copy(update={
             "return_checking": f"{feedback.return_checking}\n\n[ftbus] {campaign_sentence(facts.campaign)}"})
     if facts.failed_stage == FailedStage.precheck:
-        return feedback, JudgeInfo(kind="rules", reason=written.reason, rules_decision=False)
+        return feedback, JudgeInfo(kind="rules", reason=written.reason, rules_decision=False,
+                                   policy=settings.judge_policy)
     decided = decide(facts, written.vote, settings.judge_policy)
     if written.kind == "rules":
         reason = written.reason
         if facts.rules.decision and not decided.final:
             reason = f"{reason}; {decided.overrides}"
-        return (_with_note(feedback, decided, "the rules"),
-                JudgeInfo(kind="rules", reason=reason, rules_decision=facts.rules.decision))
+        return (_with_meaning(_with_note(feedback, decided, "the rules"), settings.judge_policy),
+                JudgeInfo(kind="rules", reason=reason, rules_decision=facts.rules.decision,
+                          policy=settings.judge_policy))
     info = JudgeInfo(
         kind="llm",
         model=settings.judge_model,
@@ -243,8 +261,18 @@ def _finish(facts: JudgeFacts, written: Written, settings: Settings) -> tuple[Fe
         rules_decision=facts.rules.decision,
         llm_decision=written.vote,
         attempts=written.attempts,
+        policy=settings.judge_policy,
     )
-    return _with_note(feedback, decided, "the LLM"), info
+    return _with_meaning(_with_note(feedback, decided, "the LLM"), settings.judge_policy), info
+
+
+def _with_meaning(feedback: Feedback, policy: JudgePolicy) -> Feedback:
+    """An accepted candidate under a looser policy than ``better``: the feedback says what its
+    final_decision means (and does not), so no reader of it takes "accepted" for "better"."""
+    if not feedback.final_decision or policy == "better":
+        return feedback
+    note = f"final_decision is true under judge_policy={policy}, which means: {POLICY_MEANING[policy]}"
+    return feedback.model_copy(update={"return_checking": f"{feedback.return_checking}\n\n[ftbus] Note: {note}."})
 
 
 # ---------------------------------------------------------------- campaigns

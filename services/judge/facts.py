@@ -23,6 +23,7 @@ from services.judge.rules import (
     baseline_shortfall,
     model_files_of,
     noise_shortfall,
+    not_better,
     outcome_of,
     own_stage,
     paired_at,
@@ -71,6 +72,9 @@ class JudgeFacts:
     #: Set when the candidate is not better than the base model beyond noise (a criterion only for
     #: ``judge_policy=significant``).
     not_beyond_noise: str | None
+    #: Set when the benchmark stage's decision does not call it better than the base model (a criterion
+    #: for ``judge_policy=better``, the default).
+    not_better: str | None
     train_yaml: str
     #: train.yaml as LlamaFactory reads it (``1e-4`` is a float), empty when it cannot be read.
     config: Mapping[str, Any]
@@ -191,6 +195,7 @@ def collect_facts(
         below_baseline=baseline_shortfall(event),
         paired=paired,
         not_beyond_noise=noise_shortfall(event, paired, settings.judge_confidence_level),
+        not_better=not_better(event),
         train_yaml=train_yaml,
         config=MappingProxyType(config),
         config_problem=problem,

@@ -204,3 +204,17 @@ def noise_shortfall(event: JudgedEvent, paired: PairedComparison | None, level: 
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
+
+
+def not_better(event: JudgedEvent) -> str | None:
+    """Why the benchmark stage's decision does not call the candidate better than the base model, or
+    None when it does. ``judge_policy=better`` (the default) makes this a criterion."""
+    if not isinstance(event, BenchResult):
+        return None  # the rules fail such a request already
+    if event.decision is None:
+        if event.baseline is None:
+            return "no baseline of the base model was measured, so no improvement can be shown"
+        return "the candidate and the base model could not be paired item by item, so no improvement can be shown"
+    if event.decision.better:
+        return None
+    return event.decision.summary

@@ -253,11 +253,45 @@ class BaselineComparison(Model):
     summary: str | None = None
 
 
+class DecisionView(Model):
+    """The decision (shared/decision.py) as the owner sees it: better than, not distinguishable from,
+    or worse than the reference, with what the owner may know. A candidate the pool did not confirm
+    shows no pool number: that is what keeps the owner's error control formal (docs/benchmarks.md,
+    "The decision"); the operator's full record is ``<request id>/decision.json`` in the private store."""
+
+    answer: Literal["better", "indistinguishable", "worse"]
+    #: The words a verdict shows.
+    summary: str
+    #: What the candidate was compared with ("the base model").
+    reference: str
+    #: Whose error budget the confirmation spent (the submitting identity).
+    owner: str
+    validation_items: int
+    validation_difference: float
+    #: Whether validation screened it in, so that it was tested on the hidden pool.
+    screened: bool
+    #: The confirmation's level (the owner's next one); None: not screened in, no budget spent.
+    level: float | None = None
+    #: A confirmed candidate's gain on fresh pool items (95% interval) and the pool items it used.
+    estimate: float | None = None
+    estimate_low: float | None = None
+    estimate_high: float | None = None
+    pool_items: int | None = None
+    #: Why the pool could not confirm it (none, or too few items left), which then bounds the power to 0.
+    pool_note: str | None = None
+
+    @property
+    def better(self) -> bool:
+        return self.answer == "better"
+
+
 class BenchResult(StageResult):
     split: Literal["validation", "test"]
     train: TrainSummary
     benchmark: BenchmarkScores | None = None
     baseline: BaselineComparison | None = None
+    #: The validation split's decision: screened on validation, confirmed on the hidden pool.
+    decision: DecisionView | None = None
     #: How many of the split's items an interrupted earlier attempt of this request had finished, so
     #: that this one took their answers from its journal (docs/benchmarks.md, "Resuming an interrupted
     #: run"); None: nothing was resumed.

@@ -13,6 +13,7 @@ from shared.events.results import (
     BaselineComparison,
     BenchmarkScores,
     DataStats,
+    DecisionView,
     LlmUsage,
     StageRun,
     TrainingMetrics,
@@ -38,6 +39,9 @@ class JudgeInfo(Model):
     rules_decision: bool
     llm_decision: bool | None = None
     attempts: int = 0
+    #: The judge_policy that made the final decision: under ``better`` (the default) true means better
+    #: than the base model, confirmed; under the others it means less, which every view says.
+    policy: str | None = None
 
 
 class CampaignCheck(Model):
@@ -68,6 +72,8 @@ class VerdictResult(Model):
     benchmark: BenchmarkScores | None = None
     training_metrics: TrainingMetrics = Field(default_factory=TrainingMetrics)
     baseline: BaselineComparison | None = None
+    #: Better than, not distinguishable from, or worse than the base model (the benchmark stage's decision).
+    decision: DecisionView | None = None
     data_stats: DataStats | None = None
     data_cached: bool = False
     #: The candidate against its campaign's incumbent, when the request named a campaign.

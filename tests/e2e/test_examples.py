@@ -43,7 +43,9 @@ async def test_example_passes_for_real(
         # The default: both splits and the baseline on the bench worker's warm engine container.
         bench_engine="warm",
         # The LoRA example must beat the base model beyond noise; a null candidate (below) must not.
-        judge_policy="significant" if example == "lora" else "llm",
+        # The full fine-tune runs under the default policy (`better`): it scores as its base model does,
+        # and is refused (below); gsm8k under `llm`, the reference's meaning.
+        judge_policy={"lora": "significant", "full": "better"}.get(example, "llm"),
     )
     pipeline = Pipeline(settings)
     try:
@@ -58,7 +60,11 @@ async def test_example_passes_for_real(
         verdict = await pipeline.client.wait(rid, on_progress=seen.append, timeout_s=900)
 
         assert verdict.status == "completed", verdict.execution
-        assert verdict.final_decision is True, verdict.execution
+        assert verdict.judge is not None and verdict.judge.rules_decision is True, verdict.execution  # all ran
+        if example == "full":
+            await _not_better_is_refused_by_default(settings, verdict, tmp_path)
+        else:
+            assert verdict.final_decision is True, verdict.execution
         metrics = verdict.result.training_metrics
         assert metrics.loss_history.train, "no loss history"
         assert metrics.final_loss is not None and metrics.initial_loss is not None
@@ -116,6 +122,49 @@ async def test_example_passes_for_real(
                 _the_campaign_after_lora(pipeline, settings, tmp_path, campaign, rid))
     finally:
         await pipeline.stop()
+
+
+async def _not_better_is_refused_by_default(settings: Settings, verdict: Verdict, tmp_path: Path) -> None:
+    """The default policy on the real pipeline: a candidate no better than its base model (the full
+    fine-tune scores 0, as its base model does) is refused; the exit code of `ftbus get` and the
+    dashboard's pill, in a real browser, say the same."""
+    from tests.integration.test_dashboard import CHROMIUM, CHROMIUM_ARGS, _browser_missing, _start_dashboard
+    from tests.integration.test_delivery import run_ftbus
+
+    assert Settings.model_fields["judge_policy"].default == settings.judge_policy == "better"
+    decision = verdict.result.decision
+    assert decision is not None and decision.answer == "indistinguishable" and not decision.screened, decision
+    assert verdict.final_decision is False, verdict.return_checking
+    assert verdict.judge is not None and verdict.judge.policy == "better"
+    assert verdict.judge.reason is not None and \
+        "judge_policy=better accepts only a candidate better than the base model: not distinguishable" \
+        in verdict.judge.reason
+    assert f"[ftbus] Decision: indistinguishable. {decision.summary}." in verdict.return_checking
+    code, out, err = await run_ftbus(settings, "get", verdict.request_id)
+    assert code == 1, (out, err[-3000:])
+    assert "decision: indistinguishable" in out, out
+    missing = _browser_missing()
+    if missing is not None:
+        pytest.skip(f"the dashboard's half of this check needs a browser: {missing}")
+    from playwright.async_api import async_playwright
+
+    proc, url = await asyncio.to_thread(_start_dashboard, settings, tmp_path / "dashboard.log")
+    try:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                await page.goto(f"{url.rstrip('/')}/requests/{verdict.request_id}")
+                pill = "#decision[data-decision='rejected']"
+                await page.wait_for_selector(pill, timeout=90_000)
+                assert await page.get_attribute(pill, "data-answer") == "indistinguishable"
+                assert (await page.text_content(pill) or "").strip() == "rejected: not better"
+                await page.wait_for_selector("#decision-summary[data-answer='indistinguishable']", timeout=90_000)
+            finally:
+                await browser.close()
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
 
 
 async def _the_campaign_after_lora(pipeline: Pipeline, settings: Settings, tmp_path: Path, campaign: str,

@@ -428,6 +428,9 @@ def build_table() -> list[Op]:
         # Campaigns (validation data only): the judge reads and writes them, an agent reads one
         # (`ftbus campaign NAME`), dashboards list them; the aggregator only creates the bucket.
         (S.kv_campaigns, _users("judge", "agent", "dashboard"), _users("dashboard"), _users("judge")),
+        # The owners' error budgets: the bench stage reads and writes them after a confirmation on
+        # the hidden pool; no agent reads or writes one (a budget an agent could reset controls nothing).
+        (S.kv_owners, _users("bench", "dashboard"), _users("dashboard"), _users("bench")),
         *(
             (results[stage], _users(user), _users(), _users(user))
             for stage, user in STAGE_USERS.items()
@@ -484,7 +487,8 @@ async def seed(admin: Bus) -> None:
         if info.state.messages == 0:
             subject = info.config.subjects[0].replace("*", "seed")
             await admin.js.publish(subject, b"{}")
-    for bucket in (S.kv_requests, S.kv_status, S.kv_campaigns, *(S.kv_stage_results(stage) for stage in Stage)):
+    for bucket in (S.kv_requests, S.kv_status, S.kv_campaigns, S.kv_owners,
+                   *(S.kv_stage_results(stage) for stage in Stage)):
         await (await admin.kv(bucket)).put(SEED_KEY, SEED_BYTES)
     for store in (S.object_store, S.object_store_cache, S.object_store_private, S.object_store_models,
                   S.object_store_checkpoints):

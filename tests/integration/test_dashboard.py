@@ -636,8 +636,14 @@ def test_ftbus_up_serves_the_dashboard_and_prints_its_url(tmp_path: Path, standi
              "--benchmark", "tiny-arith", "--wait", "--json"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
         )
-        assert submit.returncode == 0, submit.stderr[-3000:]
-        rid = json.loads(submit.stdout)["request_id"]
+        # The default policy (`better`): tiny-arith has no confirmation pool, so nothing can be confirmed
+        # better on it: refused, exit code 1 (final_decision false), and the dashboard says the same.
+        assert submit.returncode == 1, submit.stderr[-3000:]
+        shown = json.loads(submit.stdout)
+        rid = shown["request_id"]
+        assert shown["final_decision"] is False and shown["judge"]["policy"] == "better", shown
+        assert shown["result"]["decision"]["answer"] == "indistinguishable", shown["result"]["decision"]
+        assert "no confirmation pool" in shown["result"]["decision"]["pool_note"]
         detail: dict[str, Any] = {}
         while time.monotonic() < deadline + 60:
             with contextlib.suppress(urllib.error.HTTPError):
@@ -647,6 +653,7 @@ def test_ftbus_up_serves_the_dashboard_and_prints_its_url(tmp_path: Path, standi
                     break
             time.sleep(0.5)
         assert detail["status"] == "completed" and detail["loss"]["source"] == "history", detail
+        assert (detail["final_decision"], detail["policy"], detail["answer"]) == (False, "better", "indistinguishable")
         assert len(detail["loss"]["train"]) == 5 and detail["test"]["rows"]
     finally:
         up.send_signal(signal.SIGINT)

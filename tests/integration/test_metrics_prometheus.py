@@ -157,6 +157,8 @@ def prometheus(folder: Path, targets: dict[str, str]) -> Iterator[Prometheus]:
 def _env(settings: Settings, standin_bin: Path, assets_dir: Path, **more: str) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        # Not about what "better" means: the tests' policy (tests/conftest.py), not the default.
+        "FTBUS_JUDGE_POLICY": os.environ.get("FTBUS_JUDGE_POLICY", "llm"),
         "FTBUS_HOME": str(settings.home), "FTBUS_ASSETS_DIR": str(assets_dir),
         "FTBUS_TOOLCHAIN_BIN": str(standin_bin),
         "FTBUS_SANDBOX": "local",  # the stand-in tools live on the host (tests/conftest.py)

@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 def _env(home: Path, assets_dir: Path, standin_bin: Path) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        # Not about what "better" means: the tests' policy (tests/conftest.py), not the default.
+        "FTBUS_JUDGE_POLICY": os.environ.get("FTBUS_JUDGE_POLICY", "llm"),
         "FTBUS_HOME": str(home),
         "FTBUS_ASSETS_DIR": str(assets_dir),
         "FTBUS_TOOLCHAIN_BIN": str(standin_bin),

@@ -26,6 +26,8 @@ def test_ftbus_up_records_its_url_and_submit_finds_it(tmp_path: Path, standin_bi
     home = tmp_path / "home"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("FTBUS_")},
+        # Not about what "better" means: the tests' policy (tests/conftest.py), not the default.
+        "FTBUS_JUDGE_POLICY": os.environ.get("FTBUS_JUDGE_POLICY", "llm"),
         "FTBUS_HOME": str(home),
         "FTBUS_ASSETS_DIR": str(assets_dir),
         "FTBUS_TOOLCHAIN_BIN": str(standin_bin),

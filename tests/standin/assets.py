@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 MODEL = "tiny-standin"
 DATASET = "qa"
 BENCHMARK = "tiny-arith"
+POOLED_BENCHMARK = "pooled-arith"
 
 
 def build_standin_assets(root: Path) -> None:
@@ -46,3 +47,22 @@ def build_standin_assets(root: Path) -> None:
     (bench_dir / "halving.jsonl").write_text(
         "".join(json.dumps({"id": f"h{i}", "question": f"halve {2 * i}", "answer": str(i)}) + "\n" for i in range(12))
     )
+
+
+def add_pooled_benchmark(root: Path) -> None:
+    """A benchmark with a confirmation pool (shared/decision.py), under ``root/benchmarks``: with
+    bench_max_items 40 each subset's first 40 items are validation, its last 40 test, and the 80
+    between them its part of the hidden pool (160 items)."""
+    pooled_dir = root / "benchmarks" / POOLED_BENCHMARK
+    pooled_dir.mkdir(parents=True)
+    (pooled_dir / "benchmark.yaml").write_text(
+        f"name: {POOLED_BENCHMARK}\nversion: 1\ndescription: tripling questions\nkind: generate_until\n"
+        "primary_metric: exact_match\nhigher_is_better: true\n"
+        "subsets:\n- name: tripling\n  file: tripling.jsonl\n- name: thirds\n  file: thirds.jsonl\n"
+    )
+    (pooled_dir / "tripling.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "question": f"triple {i}", "answer": str(3 * i)}) + "\n"
+                for i in range(160)))
+    (pooled_dir / "thirds.jsonl").write_text(
+        "".join(json.dumps({"id": f"r{i}", "question": f"a third of {3 * i}", "answer": str(i)}) + "\n"
+                for i in range(160)))

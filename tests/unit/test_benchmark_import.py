@@ -121,7 +121,7 @@ def test_cli_import_and_ls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     listed = runner.invoke(app, ["benchmarks", "ls", "--json"])
     (info,) = json.loads(listed.stdout)
     assert info["name"] == "gsm8k" and info["scorer"] == "gsm8k"
-    assert info["subsets"] == {"main": {"items": 6, "validation": 3, "test": 3}}
+    assert info["subsets"] == {"main": {"items": 6, "validation": 3, "pool": 0, "test": 3}}
     refused = runner.invoke(app, ["benchmarks", "import", "nope"])
     assert refused.exit_code == 2 and "no catalogue benchmark" in refused.output
 
@@ -342,8 +342,8 @@ def test_ls_lists_split_sizes_and_broken_benchmarks(tmp_path: Path, monkeypatch:
     broken.mkdir()
     (broken / "benchmark.yaml").write_text("name: mine\nkind: generate_until\n")
     infos = {i.name: i for i in list_benchmarks(assets, 100)}
-    assert infos["mmlu"].subsets == {"anatomy": {"items": 7, "validation": 3, "test": 3},
-                                     "virology": {"items": 250, "validation": 100, "test": 100}}
+    assert infos["mmlu"].subsets == {"anatomy": {"items": 7, "validation": 3, "pool": 1, "test": 3},
+                                     "virology": {"items": 250, "validation": 100, "pool": 50, "test": 100}}
     assert infos["mine"].error and "primary_metric" in infos["mine"].error
 
     monkeypatch.setenv("FTBUS_HOME", str(tmp_path / "home"))
@@ -351,7 +351,7 @@ def test_ls_lists_split_sizes_and_broken_benchmarks(tmp_path: Path, monkeypatch:
     listed = CliRunner().invoke(app, ["benchmarks", "ls", "--json"])
     assert listed.exit_code == 0, listed.output
     rows = {r["name"]: r for r in json.loads(listed.stdout)}
-    assert rows["mmlu"]["subsets"]["virology"] == {"items": 250, "validation": 100, "test": 100}
+    assert rows["mmlu"]["subsets"]["virology"] == {"items": 250, "validation": 100, "pool": 50, "test": 100}
     assert rows["mmlu"]["version"] == 1 and rows["mmlu"]["primary_metric"] == "acc" and rows["mine"]["error"]
     assert rows["mmlu"]["num_runs"] == 1  # the descriptor's default: samples per item
     table = CliRunner().invoke(app, ["benchmarks", "ls"])

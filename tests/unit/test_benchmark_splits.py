@@ -14,7 +14,7 @@ from evaluation.registry import (
     available_benchmarks,
     load_benchmark,
 )
-from evaluation.splits import make_split, split_bounds, split_items, write_split_data
+from evaluation.splits import make_split, pool_batch, pool_order, split_bounds, split_items, write_split_data
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lmeval"
 ASSETS = FIXTURES / "assets"
@@ -60,6 +60,33 @@ def test_splits_never_overlap_and_respect_max() -> None:
             t0, t1 = split_bounds(n, "test", max_items)
             assert v1 <= t0
             assert v1 - v0 == t1 - t0 == min(max_items, n // 2)
+
+
+def test_the_pool_is_every_item_between_validation_and_test() -> None:
+    for n in range(0, 260):
+        for max_items in (1, 3, 100):
+            v0, v1 = split_bounds(n, "validation", max_items)
+            p0, p1 = split_bounds(n, "pool", max_items)
+            t0, t1 = split_bounds(n, "test", max_items)
+            assert (v1, t0) == (p0, p1) and (v1 - v0) + (p1 - p0) + (t1 - t0) == n
+
+
+def test_pool_order_mixes_subsets_the_same_way_every_time_and_batches_score_exactly_its_items() -> None:
+    spec = load_benchmark(ASSETS, "tiny-arith-mc")
+    order = pool_order(spec, max_items=5)  # 40 items a subset: 5 validation, 5 test, 30 in the pool
+    assert len(order) == 60 and order == pool_order(spec, max_items=5)
+    assert {s for s, _ in order[:20]} == {"sum_choice", "parity"}  # shuffled together, not subset by subset
+    validation, test = make_split(spec, "validation", 5), make_split(spec, "test", 5)
+    for subset, item in order:
+        assert item.id not in validation.item_ids[subset] and item.id not in test.item_ids[subset]
+    batch = pool_batch(spec, 10, 25, max_items=5)
+    assert batch.split == "pool"
+    assert sorted((s, i) for s, ids in batch.item_ids.items() for i in ids) == sorted(
+        (s, item.id) for s, item in order[10:25])
+    assert split_items(spec, batch)  # its hash holds: a run of it is checked as any split's
+    assert pool_batch(spec, 55, 80, max_items=5).item_ids != {} and \
+        sum(map(len, pool_batch(spec, 55, 80, max_items=5).item_ids.values())) == 5
+    assert pool_order(spec) == []  # 100 a split: 20 + 20 of 40, nothing left for a pool
 
 
 def test_split_bounds_rejects_non_positive_max() -> None:

@@ -23,17 +23,18 @@ def base_facts(tmp_path: Path) -> JudgeFacts:
     return collect_facts(ev.bench_result(), ev.TRAIN_YAML, {}, Settings(home=tmp_path))
 
 
-def _facts(base: JudgeFacts, rules_pass: bool, below: bool, noise: bool) -> JudgeFacts:
+def _facts(base: JudgeFacts, rules_pass: bool, below: bool, noise: bool, not_better: bool = True) -> JudgeFacts:
     rules = RulesOutcome(decision=rules_pass, failed_criteria=[] if rules_pass else ["training exited with code 1"],
                          failed_stage=None, exit_code=0, timed_out=False)
     return dataclasses.replace(base, rules=rules, below_baseline="below the base model" if below else None,
-                               not_beyond_noise="not distinguishable from the base model" if noise else None)
+                               not_beyond_noise="not distinguishable from the base model" if noise else None,
+                               not_better="not confirmed on the hidden pool" if not_better else None)
 
 
 def test_no_llm_answer_accepts_what_the_measurements_refuse(base_facts: JudgeFacts) -> None:
     seen = 0
-    for rules_pass, below, noise in itertools.product([True, False], repeat=3):
-        facts = _facts(base_facts, rules_pass, below, noise)
+    for rules_pass, below, noise, not_better in itertools.product([True, False], repeat=4):
+        facts = _facts(base_facts, rules_pass, below, noise, not_better)
         for policy, vote in itertools.product(POLICIES, [True, False, None]):
             decided = decide(facts, vote, policy)
             # Under every policy the rules bound the decision ("llm" included: the reference's meaning).
@@ -45,6 +46,9 @@ def test_no_llm_answer_accepts_what_the_measurements_refuse(base_facts: JudgeFac
                 assert decided.final is False
             if policy == "significant" and noise:
                 assert decided.final is False
+            # Under "better" (the default) the decision does.
+            if policy == "better" and not_better:
+                assert decided.final is False
             refused = measured_refusal(facts, policy)
             if refused is not None:
                 assert decided.final is False and decided.overrides == refused
@@ -52,7 +56,7 @@ def test_no_llm_answer_accepts_what_the_measurements_refuse(base_facts: JudgeFac
                 # Where nothing is refused, the LLM's vote is a veto at most (rules: not even that).
                 assert decided.final is (vote is not False or policy == "rules")
             seen += 1
-    assert seen == 8 * len(POLICIES) * 3
+    assert seen == 16 * len(POLICIES) * 3
 
 
 def test_the_measured_refusal_names_its_check(base_facts: JudgeFacts) -> None:
@@ -64,3 +68,6 @@ def test_the_measured_refusal_names_its_check(base_facts: JudgeFacts) -> None:
         "judge_policy=significant requires the candidate to beat the base model beyond noise: "
         "not distinguishable from the base model")
     assert measured_refusal(_facts(base_facts, True, True, False), "significant") is None
+    assert measured_refusal(_facts(base_facts, True, False, False), "better") == (
+        "judge_policy=better accepts only a candidate better than the base model: not confirmed on the hidden pool")
+    assert measured_refusal(_facts(base_facts, True, True, True, not_better=False), "better") is None

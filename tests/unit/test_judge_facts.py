@@ -13,7 +13,7 @@ from services.judge import condense, rules
 from services.judge.advice import rules_feedback
 from services.judge.decide import JudgePolicy, decide, judge
 from services.judge.facts import JudgeFacts, collect_facts, render_raw_execution
-from shared.events import DataSummary, FailedStage
+from shared.events import DataSummary, DecisionView, FailedStage
 from shared.settings import Settings
 from tests.fakes import judge_events as ev
 from tests.fakes.judge_events import OOM_LOG
@@ -167,7 +167,7 @@ def test_an_oversized_train_yaml_is_not_parsed_nor_sent_whole(settings: Settings
 
 def test_policy_values_are_the_settings_values() -> None:
     assert set(get_args(JudgePolicy)) == set(get_args(Settings.model_fields["judge_policy"].annotation))
-    assert Settings.model_fields["judge_policy"].default == "llm"
+    assert Settings.model_fields["judge_policy"].default == "better"
 
 
 def _below_base(settings: Settings) -> JudgeFacts:
@@ -202,6 +202,27 @@ def test_each_policy_decides_its_own_way(settings: Settings) -> None:
     assert tables["rules"] == (True, True, True, True, True, True)
     assert tables["llm"] == (True, False, True, True, False, True)
     assert tables["both"] == (True, False, True, False, False, False)
+    # No decision was made (these events carry none): nothing is shown better, whatever the LLM says.
+    assert tables["better"] == (False, False, False, False, False, False)
+
+
+def test_better_accepts_what_the_decision_calls_better_and_the_llm_does_not_veto(settings: Settings) -> None:
+    def facts_with(answer: str) -> JudgeFacts:
+        decision = DecisionView(answer=answer, summary=f"{answer} than the base model", reference="the base model",
+                                owner="everyone", validation_items=40, validation_difference=0.1, screened=True)
+        event = ev.bench_result().model_copy(update={"decision": decision})
+        return collect_facts(event, ev.TRAIN_YAML, {}, settings)
+
+    better = facts_with("better")
+    assert better.not_better is None
+    assert [decide(better, llm, "better").final for llm in (True, False, None)] == [True, False, True]
+    for answer in ("indistinguishable", "worse"):
+        facts = facts_with(answer)
+        for llm in (True, False, None):
+            decided = decide(facts, llm, "better")
+            assert decided.final is False
+            assert decided.overrides == ("judge_policy=better accepts only a candidate better than the base model: "
+                                         f"{answer} than the base model")
 
 
 @pytest.mark.parametrize("policy", get_args(JudgePolicy))

@@ -133,8 +133,20 @@ const FT = (() => {
       const why = failed ? (request.failed_stage ? "failed in " + request.failed_stage : request.status) + ": not judged" : null;
       return el("span", { class: "badge muted", "data-decision": "none", title: why, text: "–" });
     }
-    return el("span", { class: "badge " + (decision ? "yes" : "no"), "data-decision": decision ? "accepted" : "rejected",
-                        text: decision ? "accepted" : "rejected" });
+    // Under judge_policy=better (the default) "accepted" means better than the base model, confirmed on
+    // hidden items; under any other policy it means less, and the pill says so rather than look the same.
+    const policy = request && request.policy;
+    const looser = policy && policy !== "better";
+    const answer = request && request.answer;
+    const said = { better: "better", indistinguishable: "not better", worse: "worse" }[answer];
+    let text = decision ? "accepted" : "rejected";
+    if (!decision && said) text += ": " + said;
+    if (decision && looser) text += " (policy " + policy + ": not shown better)";
+    const title = [request && request.answer_summary, looser ? "judge_policy=" + policy + ": accepted does not mean better" : null]
+      .filter(Boolean).join("; ") || null;
+    return el("span", { class: "badge " + (decision ? (looser ? "yes looser" : "yes") : "no"),
+                        "data-decision": decision ? "accepted" : "rejected", "data-policy": policy || "",
+                        "data-answer": answer || "", title, text });
   }
 
   return { el, fill, num, signed, duration, age, setServerNow, tickAges, debounce, serial, getJSON, live, noteConnection,

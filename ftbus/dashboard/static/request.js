@@ -60,6 +60,8 @@
           el("td", { class: "num", text: FT.num(v.candidate_value) }), el("td", { class: "num", text: FT.num(v.baseline_value) }),
           el("td", { class: "num " + (v.difference > 0 ? "up" : v.difference < 0 ? "down" : ""), text: FT.signed(v.difference) })))),
       el("p", { class: "scorer", id: "validation-scorer", text: "scorer: " + (v.scorer || "–") + " · protocol: " + (v.protocol || "–") }),
+      v.decision ? el("p", { id: "decision-summary", class: "decision " + v.decision.answer, "data-answer": v.decision.answer,
+                             text: "decision: " + v.decision.answer + ": " + v.decision.summary }) : null,
       pairedComparison(v.paired, v.summary),
       ...(v.notes || []).map((n) => el("p", { class: "note", text: n })),
     ];
