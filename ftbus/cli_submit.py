@@ -96,13 +96,14 @@ def submit(
     async def main() -> int:
         from ftbus.client import Client
         from shared.artifacts import ArtifactError
+        from shared.campaigns import CampaignNotYours
         from shared.paths import UnsafePath
         from shared.taskcheck import UnknownAsset
 
         async with Client(settings=settings) as client:
             try:
                 rid = await client.submit(workspace, task, timeouts)
-            except (FileNotFoundError, UnsafePath, ArtifactError, UnknownAsset) as exc:
+            except (FileNotFoundError, UnsafePath, ArtifactError, UnknownAsset, CampaignNotYours) as exc:
                 error(str(exc))
                 return 2
             if not wait:

@@ -40,7 +40,7 @@ from ftbus.following import ProgressCallback, WaitTimeout, follow_stage, wait_fo
 from ftbus.submitting import SUBMITTED_MARKER, new_request_id, submit_workspace
 from shared import codec
 from shared.bus import Bus
-from shared.campaigns import CampaignRecord, CampaignStore
+from shared.campaigns import CampaignNotYours, CampaignRecord, CampaignStore, foreign_owner
 from shared.events import (
     CAMPAIGN_NAME,
     CAMPAIGN_NAME_RULE,
@@ -198,7 +198,8 @@ class Client:
         (docs/judge.md, "Campaigns"; :meth:`campaign` shows one).
 
         Raises FileNotFoundError (no such folder), UnknownAsset (with the known names, where this
-        machine sees the assets) or WorkspaceTooLarge before anything is sent."""
+        machine sees the assets), CampaignNotYours (the campaign is another identity's) or
+        WorkspaceTooLarge before anything is sent."""
         if task is None:
             if base_model is None or benchmark is None:
                 raise TypeError("submit needs a TaskSpec or both base_model= and benchmark=")
@@ -213,6 +214,12 @@ class Client:
         bus = self.bus
         if assets_visible(bus.settings.assets):
             check_task(task, bus.settings.assets)  # UnknownAsset, with the known names
+        if task.campaign is not None:
+            # The judge refuses a request into another identity's campaign; say so before uploading.
+            record = await bus.guard(CampaignStore(bus).get(task.campaign))
+            foreign = foreign_owner(record, bus.settings.submit_owner())
+            if foreign is not None:
+                raise CampaignNotYours(foreign)
         rid = request_id or new_request_id()
         return await bus.guard(submit_workspace(bus, workspace, task, timeouts, rid))
 

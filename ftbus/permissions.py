@@ -25,15 +25,25 @@ from pathlib import Path
 from ftbus.accounts_header import HEADER
 from ftbus.nats_rules import CLIENT, DASHBOARD, WAIT_TOPOLOGY, Group, Rules, Topology, User, worker_connection
 from ftbus.stages import PIPELINE
+from shared.settings import OWNER_PATTERN
 from shared.stagespec import Grant, StageSpec
 from shared.subjects import Subjects
 
 ACCOUNTS_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nats" / "accounts.conf"
 
 
-def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE) -> list[User]:
+#: The agent users of the generated configuration: one NATS user per submitting identity, each of
+#: which may submit only as itself (its own error budget: docs/judge.md). `--agents` names others.
+DEFAULT_AGENTS = ("agent",)
+#: Names the generated configuration gives its other users.
+RESERVED_USERS = frozenset({"admin", "aggregate", "dashboard", "sys", *(spec.stage for spec in PIPELINE)})
+
+
+def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE,
+          agents: Sequence[str] = DEFAULT_AGENTS) -> list[User]:
     """Every NATS user of ``pipeline`` (ftbus's own by default): what each may publish and
-    subscribe to. Each stage worker's user is made from its row (its subjects, its ``grants``)."""
+    subscribe to. Each stage worker's user is made from its row (its subjects, its ``grants``);
+    each of ``agents`` is an agent user that submits as itself."""
     t = Topology(subjects or Subjects(), [spec.stage for spec in pipeline],
                  [spec.stage for spec in pipeline if spec.fair_share])
     s = t.s
@@ -167,55 +177,61 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
 
     stages = [stage_user(spec) for spec in pipeline if spec.handler is not None]
 
-    agent = User(
-        "agent",
-        "A user or fine-tuning agent, with the `ftbus` CLI or Client (connection `ftbus-client`):\n"
-        "`ftbus submit` (upload the workspace, publish the request), `ftbus submit --wait` / `ftbus\n"
-        "get` / `ftbus watch` (verdicts, progress), `ftbus status` (the public view), `ftbus cancel`,\n"
-        f"`ftbus pull` (the trained outputs, from {models}: the one store it reads), `ftbus campaign\n"
-        "NAME` (a campaign's record, read only).\n"
-        "Never reports, the test stream, the full records, the bench results or the private store;\n"
-        "and neither reads nor writes the cache store.",
-        Rules(
-            allow=[
-                topology_lookup,
-                ("submit, cancel", [s.eval_requested, s.cancel]),
-                ("verdicts: `ftbus get` (last message of the verdict subject) and `--wait` / `watch`\n"
-                 "(ordered push consumer + its flow control)",
-                 [f"$JS.API.STREAM.MSG.GET.{s.stream_verdicts}", f"$JS.API.CONSUMER.CREATE.{s.stream_verdicts}",
-                  f"$JS.FC.{s.stream_verdicts}.>"]),
-                ("`ftbus status`: the public view (no test data)", t.kv_read(s.kv_status)),
-                (f"`ftbus campaign NAME`: a campaign's record ({s.kv_campaigns}: validation data only), "
-                 "read only (the judge alone writes it)", t.kv_read(s.kv_campaigns)),
-                ("upload the workspace: chunks, metadata (a rollup per name; others' objects\n"
-                 "it could overwrite are caught by the sha256 that every event reference\n"
-                 "carries), and the \"exists already?\" metadata lookup, by direct get of a\n"
-                 "metadata subject (a message get names its subject in the body: its grant\n"
-                 "would read every object's chunks). No purge: an agent cannot wipe the store.",
-                 [f"$O.{artifacts}.C.*", f"$O.{artifacts}.M.*",
-                  f"$JS.API.DIRECT.GET.{t.obj(artifacts)}.$O.{artifacts}.M.>"]),
-                (f"`ftbus pull`: read the trained outputs of requests, {models} (nothing else of the\n"
-                 "stores: workspaces, data, logs and the test split's stay out of reach)",
-                 [*t.store_read(models), f"$JS.API.DIRECT.GET.{t.obj(models)}.>"]),
-            ],
-            deny=[
-                t.deny_test_stream(), *t.deny_reports_and_dlq(),
-                t.deny_requests(writes=False),
-                *([] if test_stage is None else [t.deny_test_results(test_stage, writes=False)]), t.deny_private(),
-                t.deny_cache("the workers-only cache store: any read, and any write. THE reason it exists:\n"
-                             "an agent may write the artifacts store, and cache keys are content hashes\n"
-                             "anyone can compute, so a cache there could be planted"),
-                ("forging stage results, test results, verdicts, reports, records",
-                 [*(f"{p}.{spec.stage}.>" for spec in pipeline if spec.result is not None), f"{p}.verdict.>",
-                  f"{p}.report.>", s.dlq, "$KV.>"]),
-            ],
-        ),
-        Rules(
-            allow=[("the CLI's / Client's replies; live progress (`--wait`, `watch`)",
-                    [t.inboxes(CLIENT), s.progress()])],
-            deny=[t.subscribe_deny()],
-        ),
-    )
+    def agent_user(name: str) -> User:
+        return User(
+            name,
+            "A user or fine-tuning agent, with the `ftbus` CLI or Client (connection `ftbus-client`):\n"
+            "`ftbus submit` (upload the workspace, publish the request), `ftbus submit --wait` / `ftbus\n"
+            "get` / `ftbus watch` (verdicts, progress), `ftbus status` (the public view), `ftbus cancel`,\n"
+            f"`ftbus pull` (the trained outputs, from {models}: the one store it reads), `ftbus campaign\n"
+            "NAME` (a campaign's record, read only).\n"
+            "Never reports, the test stream, the full records, the bench results or the private store;\n"
+            "and neither reads nor writes the cache store.\n"
+            f"It submits as `{name}` only ({s.eval_requested_by(name)}): its requests spend its own error budget\n"
+            "for \"better\", which no other identity can spend or escape into (docs/judge.md).",
+            Rules(
+                allow=[
+                    topology_lookup,
+                    (f"submit as {name}, cancel", [s.eval_requested_by(name), s.cancel]),
+                    ("verdicts: `ftbus get` (last message of the verdict subject) and `--wait` / `watch`\n"
+                     "(ordered push consumer + its flow control)",
+                     [f"$JS.API.STREAM.MSG.GET.{s.stream_verdicts}", f"$JS.API.CONSUMER.CREATE.{s.stream_verdicts}",
+                      f"$JS.FC.{s.stream_verdicts}.>"]),
+                    ("`ftbus status`: the public view (no test data)", t.kv_read(s.kv_status)),
+                    (f"`ftbus campaign NAME`: a campaign's record ({s.kv_campaigns}: validation data only), "
+                     "read only (the judge alone writes it)", t.kv_read(s.kv_campaigns)),
+                    ("upload the workspace: chunks, metadata (a rollup per name; others' objects\n"
+                     "it could overwrite are caught by the sha256 that every event reference\n"
+                     "carries), and the \"exists already?\" metadata lookup, by direct get of a\n"
+                     "metadata subject (a message get names its subject in the body: its grant\n"
+                     "would read every object's chunks). No purge: an agent cannot wipe the store.",
+                     [f"$O.{artifacts}.C.*", f"$O.{artifacts}.M.*",
+                      f"$JS.API.DIRECT.GET.{t.obj(artifacts)}.$O.{artifacts}.M.>"]),
+                    (f"`ftbus pull`: read the trained outputs of requests, {models} (nothing else of the\n"
+                     "stores: workspaces, data, logs and the test split's stay out of reach)",
+                     [*t.store_read(models), f"$JS.API.DIRECT.GET.{t.obj(models)}.>"]),
+                ],
+                deny=[
+                    t.deny_test_stream(), *t.deny_reports_and_dlq(),
+                    t.deny_requests(writes=False),
+                    *([] if test_stage is None else [t.deny_test_results(test_stage, writes=False)]), t.deny_private(),
+                    t.deny_cache("the workers-only cache store: any read, and any write. THE reason it exists:\n"
+                                 "an agent may write the artifacts store, and cache keys are content hashes\n"
+                                 "anyone can compute, so a cache there could be planted"),
+                    ("submitting unowned (the shared budget of requests no identity owns: operators'),\n"
+                     "as any other agent's subject is too, by the allow list above",
+                     [s.eval_requested]),
+                    ("forging stage results, test results, verdicts, reports, records",
+                     [*(f"{p}.{spec.stage}.>" for spec in pipeline if spec.result is not None), f"{p}.verdict.>",
+                      f"{p}.report.>", s.dlq, "$KV.>"]),
+                ],
+            ),
+            Rules(
+                allow=[("the CLI's / Client's replies; live progress (`--wait`, `watch`)",
+                        [t.inboxes(CLIENT), s.progress()])],
+                deny=[t.subscribe_deny()],
+            ),
+        )
 
     dashboard_reads: list[str] = []
     dashboard_consumers: list[str] = []
@@ -262,7 +278,7 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
         None,
         None,
     )
-    return [admin, aggregate, *stages, agent, dashboard]
+    return [admin, aggregate, *stages, *(agent_user(name) for name in agents), dashboard]
 
 
 # ---------------------------------------------------------------------- rendering
@@ -308,7 +324,8 @@ def _rules_lines(kind: str, rules: Rules | None, indent: str) -> list[str]:
     return lines
 
 
-def render(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE) -> str:
+def render(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPELINE,
+           agents: Sequence[str] = DEFAULT_AGENTS) -> str:
     subjects = subjects or Subjects()
     out = [HEADER.rstrip("\n"), ""]
     if subjects.prefix != "ftbus":
@@ -324,7 +341,7 @@ def render(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIP
         "        }",
         "        users: [",
     ]
-    for n, user in enumerate(users(subjects, pipeline)):
+    for n, user in enumerate(users(subjects, pipeline, agents)):
         if n:
             out.append("")
         out.append(f"{_INDENT}# {'-' * 66} {user.name}")
@@ -362,11 +379,19 @@ def render(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIP
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--prefix", default="ftbus", help="FTBUS_SUBJECT_PREFIX the rules are for")
+    parser.add_argument("--agents", default=",".join(DEFAULT_AGENTS),
+                        help="comma-separated agent users, one per submitting identity: each submits as itself "
+                             "only, with its own error budget (each needs NATS_<NAME>_PASSWORD)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help=f"write {ACCOUNTS_CONF.name}")
     mode.add_argument("--check", action="store_true", help=f"exit 1 if {ACCOUNTS_CONF.name} differs")
     args = parser.parse_args(argv)
-    text = render(Subjects(args.prefix))
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    bad = [a for a in agents if not OWNER_PATTERN.match(a) or a in RESERVED_USERS]
+    if bad or not agents:
+        parser.error(f"--agents: {', '.join(bad) or 'none given'}: letters, digits, '-' and '_', not a stage's "
+                     f"or another user's name ({', '.join(sorted(RESERVED_USERS))})")
+    text = render(Subjects(args.prefix), agents=agents)
     if args.write:
         ACCOUNTS_CONF.write_text(text)
         print(f"wrote {ACCOUNTS_CONF}", file=sys.stderr)

@@ -39,6 +39,10 @@ async def submit_workspace(bus: Bus, workspace: Path, task: TaskSpec, timeouts: 
     # Beside the request, a marker that `status` finds before the aggregator has written the
     # request's first view (an agent reads the artifacts store's metadata, nothing else of it).
     marker = f'{{"submitted_at": "{event.emitted_at.isoformat()}"}}'.encode()
-    await asyncio.gather(bus.publish(bus.subjects.eval_requested, event, msg_id(rid, "submit", "requested")),
+    owner = settings.submit_owner()
+    # The subject says whose request it is (the data stage reads it there, and NATS permissions
+    # reserve each agent's to it): the unowned subject without an owner.
+    subject = bus.subjects.eval_requested_by(owner) if owner else bus.subjects.eval_requested
+    await asyncio.gather(bus.publish(subject, event, msg_id(rid, "submit", "requested")),
                          store.put_bytes(f"{rid}/{SUBMITTED_MARKER}", marker))
     return rid

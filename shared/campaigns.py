@@ -51,6 +51,10 @@ def campaign_name_from(text: str, prefix: str = "") -> str:
     return name
 
 
+class CampaignNotYours(ValueError):
+    """A request names a campaign another identity created (:func:`foreign_owner` says whose)."""
+
+
 class CampaignConflict(RuntimeError):
     """The record changed since it was read: another candidate of the campaign was judged first."""
 
@@ -82,6 +86,9 @@ class CampaignRecord(BaseModel):
     name: str
     benchmark: str
     base_model: str
+    #: The identity that created it (its first judged request's owner, shared/owners.py); None: unowned
+    #: requests (and every campaign recorded before owners were). Only its owner's requests enter it.
+    owner: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     procedure: str = PROCEDURE
@@ -145,13 +152,23 @@ def check_candidate(record: CampaignRecord | None, name: str, task: TaskSpec, sc
                          summary=describe_with_power(paired, other_name))
 
 
+def foreign_owner(record: CampaignRecord | None, owner: str | None) -> str | None:
+    """Why a request of ``owner`` may not enter the campaign ``record`` (another identity's), or None."""
+    if record is None or record.owner == owner:
+        return None
+    return (f"campaign {record.name} belongs to {record.owner or 'unowned requests'}, and this request was "
+            f"submitted {f'as {owner}' if owner else 'without an owner'}: only its owner's candidates enter a "
+            "campaign (its error budget is its owner's); name a campaign of your own")
+
+
 def record_after(record: CampaignRecord | None, request_id: str, task: TaskSpec, check: CampaignCheck,
-                 scores: BenchmarkScores | None) -> CampaignRecord:
+                 scores: BenchmarkScores | None, owner: str | None = None) -> CampaignRecord:
     """The campaign once ``check`` is decided (``check.accepted``): its entry appended, the procedure's
     state advanced when a test was made, and the candidate made the incumbent when accepted."""
     assert task.campaign is not None
     updated = (record.model_copy(deep=True) if record is not None
-               else CampaignRecord(name=task.campaign, benchmark=task.benchmark, base_model=task.base_model))
+               else CampaignRecord(name=task.campaign, benchmark=task.benchmark, base_model=task.base_model,
+                                   owner=owner))
     updated.revision = record.revision if record is not None else 0
     updated.history.append(CampaignEntry(request_id=request_id, index=check.index, level=check.level,
                                          incumbent=check.incumbent, paired=check.paired, better=check.better,

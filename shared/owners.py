@@ -9,17 +9,14 @@ read nor write it: a budget an agent could reset would control nothing.
 
 from __future__ import annotations
 
-import re
-
 from nats.js.errors import KeyNotFoundError
 
 from shared.decision import OwnerState
 from shared.kv_cas import RevisionConflict, write_at
+from shared.settings import OWNER_PATTERN
 
 #: Who owns a request that names none: every such request shares one budget, so none escapes it.
 SHARED_OWNER = "everyone"
-#: An owner is a NATS subject token and a KV key.
-OWNER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class OwnerConflict(RuntimeError):
@@ -37,7 +34,7 @@ class OwnerStore:
 
     async def get(self, owner: str) -> tuple[OwnerState, int]:
         """The owner's state and its revision (a fresh state and 0 when none is stored)."""
-        if not OWNER_NAME.match(owner):
+        if not OWNER_PATTERN.match(owner):
             raise ValueError(f"owner {owner!r}: letters, digits, '-' and '_' only, at most 64")
         kv = await self._kv()
         try:

@@ -7,6 +7,7 @@ Every setting has a default that works on one machine. The YAML file is named by
 from __future__ import annotations
 
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Literal
@@ -20,6 +21,9 @@ from pydantic_settings import (
 )
 
 from shared.statistics import check_level
+
+#: An owner: a NATS subject token and a KV key (shared/owners.py).
+OWNER_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 DAY = 86400.0
 
@@ -54,6 +58,14 @@ class Settings(BaseSettings):
         default=None, description="Server or cluster to join. Unset: the URL recorded by `ftbus up`."
     )
     subject_prefix: str = Field(default="ftbus", pattern=r"^[a-z][a-z0-9_-]*$")
+    owner: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="The identity the CLI and Python client submit as: requests go to "
+        "<prefix>.eval.requested.<owner>, and each owner has its own error budget for \"better\" "
+        "(docs/judge.md). Unset: the user name of nats_url (nats://alice:...@host: alice); with none, the "
+        "unowned subject, whose requests share one budget. Under deploy/nats/accounts.conf an agent user "
+        "may submit as itself only.",
+    )
     client_name: str = Field(
         default="ftbus-client",
         pattern=r"^[A-Za-z0-9_-]+$",
@@ -481,6 +493,16 @@ class Settings(BaseSettings):
             return self.toolchain_bin
         repo_toolchain = Path(__file__).resolve().parent.parent / ".toolchain" / "bin"
         return repo_toolchain if repo_toolchain.is_dir() else None
+
+    def submit_owner(self) -> str | None:
+        """Who the client submits as: ``owner``, else the user name of the NATS URL, else None."""
+        if self.owner:
+            return self.owner
+        from urllib.parse import urlsplit
+
+        url = self.resolve_nats_url()
+        user = urlsplit(url.split(",")[0]).username if url else None
+        return user if user and OWNER_PATTERN.match(user) else None
 
     def resolve_nats_url(self) -> str | None:
         if self.nats_url:

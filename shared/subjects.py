@@ -24,7 +24,23 @@ class Subjects:
 
     @property
     def eval_requested(self) -> str:
+        """A request no server-enforced identity owns: every such request spends one shared error
+        budget (shared/owners.py). Agents under deploy/nats/accounts.conf may not publish here."""
         return f"{self.prefix}.eval.requested"
+
+    def eval_requested_by(self, owner: str = "*") -> str:
+        """A request of ``owner``: under deploy/nats/accounts.conf each agent user may publish on its own
+        owner's subject only, so the server vouches for whose error budget a request spends."""
+        return f"{self.prefix}.eval.requested.{owner}"
+
+    def owner_of(self, subject: str) -> str | None:
+        """The owner a request's subject names; None on the unowned subject (or any other)."""
+        head = f"{self.prefix}.eval.requested."
+        owner = subject[len(head):] if subject.startswith(head) else ""
+        return owner if owner and "." not in owner else None
+
+    def is_request(self, subject: str) -> bool:
+        return subject == self.eval_requested or self.owner_of(subject) is not None
 
     @property
     def cancel(self) -> str:
@@ -101,7 +117,7 @@ class Subjects:
         pipeline's stage names, from its table; None: ftbus's own, :func:`pipeline_stages`), the
         hidden test split's excepted: it has a stream of its own."""
         stages = [stage for stage in pipeline_stages(stages) if stage != Stage.aggregate]
-        return [self.eval_requested, self.cancel,
+        return [self.eval_requested, self.eval_requested_by(), self.cancel,
                 *(subject for stage in stages for subject in (self.completed(stage), self.failed(stage)))]
 
     # ----------------------------------------------------------- consumers

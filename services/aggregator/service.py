@@ -148,7 +148,7 @@ class Aggregator:
         its own subject (a JudgeResult published on data.completed is the data stage's dead letter,
         not a verdict)."""
         s = self.s
-        if isinstance(event, EvalRequested) and subject == s.eval_requested:
+        if isinstance(event, EvalRequested) and s.is_request(subject):
             return lambda r: t.on_request(r, event)
         if isinstance(event, CancelRequested) and subject == s.cancel:
             return lambda r: t.on_cancel(r, event, self.rows.get(r.stage or ""))

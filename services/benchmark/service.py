@@ -136,7 +136,7 @@ async def _with_decision(ctx: StageContext, event: TrainResult, spec: BenchmarkS
     try:
         decision = await decide_on_pool(
             bus=ctx.bus, spec=spec, max_items=spec.max_items(ctx.settings.bench_max_items),
-            candidate=validation.benchmark, baseline=validation.baseline.baseline, owner=owner_of(None),
+            candidate=validation.benchmark, baseline=validation.baseline.baseline, owner=owner_of(event.context.owner),
             score_items=score_items, private_put=keep)
     except ValueError as exc:
         # Validation scores that cannot be paired: the verdict says why, nothing is called better.

@@ -59,6 +59,10 @@ def _failed(event: EvalRequested, ctx: StageContext, error: str, summary: DataSu
 
 async def handle(event: EvalRequested, ctx: StageContext) -> list[DataResult]:
     settings = ctx.settings
+    # Whose request it is comes from the subject the server let its publisher use, never from the
+    # request's own text: every later stage reads it from here (the bench stage spends its budget).
+    event = event.model_copy(update={"context": event.context.model_copy(
+        update={"owner": ctx.subjects.owner_of(ctx.subject)})})
     context = event.context
     assets: Path = settings.assets
 
@@ -212,7 +216,7 @@ _NATS_USER = (
 )
 
 SPEC = StageSpec(stage=Stage.data, label="data", handler=handle, sandboxed=True,
-                 consumes=lambda s, pipeline: [s.eval_requested], accepts=(EvalRequested,),
+                 consumes=lambda s, pipeline: [s.eval_requested, s.eval_requested_by()], accepts=(EvalRequested,),
                  disk_quota=lambda settings: settings.data_disk_quota_bytes,
                  # Pre-checks and cache hits wait on the server, not the CPU; runs are limited apart.
                  concurrency=32, run_limit=lambda settings: settings.data_concurrent_runs,

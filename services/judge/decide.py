@@ -47,7 +47,14 @@ from services.judge.facts import JudgeFacts, LogStage, collect_facts, render_raw
 from services.judge.llm import LlmJudgeUnavailable, LlmOutcome, ask_llm
 from services.judge.prompts import build_context, render_system, render_user, templates_for
 from services.judge.rules import JudgedEvent, train_of
-from shared.campaigns import CampaignConflict, CampaignStore, check_candidate, record_after, recorded_check
+from shared.campaigns import (
+    CampaignConflict,
+    CampaignStore,
+    check_candidate,
+    foreign_owner,
+    record_after,
+    recorded_check,
+)
 from shared.decision import POLICY_MEANING
 from shared.events import (
     BenchResult,
@@ -325,11 +332,19 @@ async def _judge_in_campaign(facts: JudgeFacts, written: Written, settings: Sett
                 feedback = _with_note(feedback, PolicyDecision(recorded.accepted, (
                     f"campaign {name} recorded this request's decision when it was first judged")), "the judge")
             return feedback, info, recorded
+        owner = event.context.owner
+        foreign = foreign_owner(record, owner)
+        if foreign is not None and record is not None:
+            # Another identity's campaign: refused, and nothing written into it.
+            check = CampaignCheck(campaign=name, alpha=record.state.alpha, procedure=record.procedure,
+                                  incumbent=record.incumbent, summary=f"refused: {foreign}")
+            feedback, info = _finish(replace(facts, campaign=check), written, settings)
+            return feedback, info, check
         check = check_candidate(record, name, task, event.benchmark, event.baseline)
         feedback, info = _finish(replace(facts, campaign=check), written, settings)
         check = check.model_copy(update={"accepted": feedback.final_decision})
         try:
-            await campaigns.put(record_after(record, event.request_id, task, check, event.benchmark))
+            await campaigns.put(record_after(record, event.request_id, task, check, event.benchmark, owner))
         except CampaignConflict:
             log.info("campaign_conflict", campaign=name, request_id=event.request_id)
             continue

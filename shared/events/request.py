@@ -54,6 +54,10 @@ class RequestContext(Model):
     workspace: list[WorkspaceFile]
     timeouts: Timeouts = Field(default_factory=Timeouts)
     submitted_at: datetime = Field(default_factory=utcnow)
+    #: Who submitted it, as the data stage read it from the request's subject
+    #: (``<prefix>.eval.requested.<owner>``, which NATS permissions reserve to that identity); None: the
+    #: unowned subject. Whatever a submitter writes here is replaced.
+    owner: str | None = None
 
     def file(self, path: str) -> WorkspaceFile | None:
         return next((f for f in self.workspace if f.path == path), None)

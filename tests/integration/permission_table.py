@@ -347,7 +347,10 @@ def build_table() -> list[Op]:
 
     # --- publishing events (every stored subject answers with a PubAck)
     for subject, who in (
-        (S.eval_requested, _users("agent")),
+        # An agent submits as itself only (its own error budget): not as another identity, not unowned.
+        (S.eval_requested_by("agent"), _users("agent")),
+        (S.eval_requested_by(), _users()),  # any other identity's subject
+        (S.eval_requested, _users()),
         (S.cancel, _users("agent")),
         (S.completed("data"), _users("data")),
         (S.failed("data"), _users("data")),

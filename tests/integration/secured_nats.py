@@ -58,12 +58,25 @@ class Violation:
 
 
 class SecuredServer:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, agents: tuple[str, ...] | None = None) -> None:
+        """``agents``: the agent users, as `python -m ftbus.permissions --agents` generates them for an
+        operator who adds identities (None: the repository's accounts.conf as it is)."""
         self.root = root
         self.port = free_port()
         self.http_port = free_port()
         self.log_file = root / "nats-server.log"
-        self.passwords = {user: secrets.token_hex(12) for user in config_users()}
+        self.server_conf = SERVER_CONF
+        users = config_users()
+        if agents is not None:
+            from ftbus.permissions import render
+
+            folder = root / "nats"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "nats-server.conf").write_text(SERVER_CONF.read_text())
+            (folder / "accounts.conf").write_text(render(agents=agents))
+            self.server_conf = folder / "nats-server.conf"
+            users = re.findall(r"^\s*\{?\s*user:\s*([A-Za-z0-9_-]+)", (folder / "accounts.conf").read_text(), re.M)
+        self.passwords = {user: secrets.token_hex(12) for user in users}
         self.process: subprocess.Popen[bytes] | None = None
 
     def write_config(self) -> Path:
@@ -74,7 +87,7 @@ class SecuredServer:
         )
         assert n == 1, "nats-server.conf's jetstream block has no store_dir"
         # An include is resolved relative to the including file: point at the repository's file.
-        include = os.path.relpath(SERVER_CONF, self.root)
+        include = os.path.relpath(self.server_conf, self.root)
         conf = self.root / "test-server.conf"
         conf.write_text(
             f'include "{include}"\n'

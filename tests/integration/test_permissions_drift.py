@@ -20,7 +20,7 @@ import subprocess
 import pytest
 
 from ftbus.embedded import nats_server_binary
-from ftbus.permissions import render
+from ftbus.permissions import DEFAULT_AGENTS, render
 from ftbus.stages import PIPELINE
 from shared.events import Stage
 from shared.settings import Settings
@@ -44,6 +44,8 @@ def code_subjects() -> dict[str, str]:
                 found[attr] = value
     for attr in ("verdict", "report", "progress"):
         found[attr] = getattr(S, attr)()
+    # Each agent user's own request subject (ftbus/permissions.py: one per identity).
+    found["eval_requested_by"] = S.eval_requested_by(DEFAULT_AGENTS[0])
     for stage in FAIR_SHARE_STAGES:  # each fair-share stage's lanes (shared/lanes.py)
         found[f"lane:{stage}"] = S.lane(stage)
     for spec in PIPELINE:  # each stage's results (Subjects.completed, .failed), as the table says
