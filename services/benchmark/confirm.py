@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from evaluation.registry import BenchmarkItem, BenchmarkSpec
 from evaluation.splits import SplitManifest, pool_batch, pool_order
 from shared.confirmation import BATCH
-from shared.decision import Decision, decide
+from shared.decision import Decision, OwnerState, decide
 from shared.events import BenchmarkScores, DecisionView
 from shared.logs import get_logger
 from shared.owners import SHARED_OWNER, OwnerConflict, OwnerStore
@@ -121,11 +121,20 @@ async def decide_on_pool(
     owner: str, score_items: ScoreItems, private_put: Callable[[bytes], Awaitable[object]],
 ) -> DecisionView:
     """Decide (shared.decision.decide) and record the owner's next state by compare-and-set; a lost
-    one decides again at the state as it is now (the pool's scores are kept: nothing runs twice)."""
+    one decides again at the state as it is now (the pool's scores are kept: nothing runs twice). A
+    candidate the validation screen does not pass reads and writes no owner state."""
     cand, base = item_scores(candidate), item_scores(baseline)
     common = sorted(cand.keys() & base.keys())
     cand, base = {k: cand[k] for k in common}, {k: base[k] for k in common}
     strata = {k: k.split("/", 1)[0] for k in common}
+    # The screen and "worse" need no owner state and no pool: a candidate the screen does not pass
+    # is decided here, without reading the owner's budget (it spends none of it).
+    unscreened = decide(cand, base, OwnerState(owner=owner), benchmark=spec.name, pool=None, strata=strata,
+                        reference_name=REFERENCE)
+    if not unscreened.screened:
+        await private_put(unscreened.model_dump_json(indent=1).encode())
+        log.info("decided", answer=unscreened.answer, owner=owner, screened=False)
+        return view(unscreened, owner, None)
     order = await asyncio.to_thread(pool_order, spec, max_items)
     pool = StagePool(asyncio.get_running_loop(), order, spec, max_items, score_items) if order else None
     owners = OwnerStore(bus)

@@ -139,3 +139,23 @@ async def test_a_failed_pool_run_is_an_infrastructure_error_and_spends_nothing(t
                              owner="carol", score_items=Runs(fail=True), private_put=keep)
     state, revision = await OwnerStore(bus).get("carol")
     assert revision == 0 and state.confirmations == 0
+
+
+async def test_a_candidate_the_screen_refuses_costs_no_pool_item_and_no_owner_read(tmp_path: Path) -> None:
+    class NoKV:
+        """A bus without buckets: reading an owner's state here would fail the test."""
+
+    spec = load_benchmark(_benchmark(tmp_path), "pooled")
+    validation = make_split(spec, "validation")
+    same = _scores(validation, lambda s, i: _number(i) % 4 == 0)
+    worse = _scores(validation, lambda s, i: _number(i) % 8 == 0)
+
+    async def keep(data: bytes) -> None:
+        return None
+
+    runs = Runs()
+    for candidate, answer in ((same, "indistinguishable"), (worse, "worse")):
+        view = await decide_on_pool(bus=NoKV(), spec=spec, max_items=100, candidate=candidate, baseline=same,
+                                    owner="dave", score_items=runs, private_put=keep)
+        assert view.answer == answer and not view.screened and view.level is None
+    assert runs.jobs == []
