@@ -48,6 +48,9 @@ def settings_for(root: Path, cluster: Cluster, ack_wait_s: float) -> dict[str, A
         "nats_url": cluster.url, "subject_prefix": "chaos" + secrets.token_hex(3), "home": str(root / "home"),
         "assets_dir": str(standin_assets(root / "assets")), "toolchain_bin": str(standin_toolchain(root / "bin")),
         "sandbox": "local", "bench_engine": "cold",  # stand-in tools: a command, not the harness
+        # Delivery under faults, not what "better" means: the stand-in benchmark has no confirmation
+        # pool, under which the default policy refuses every candidate ("pass" requests expect true).
+        "judge_policy": "llm",
         "log_format": "json", "log_level": "WARNING", "stream_replicas": 3,
         "ack_wait_s": ack_wait_s, "heartbeat_s": 1.0, "max_deliver": 5, "retry_backoff_s": [0.5, 1.0, 2.0, 4.0],
         "sweep_interval_s": 2.0,
