@@ -20,7 +20,8 @@ from evaluation.registry import BenchmarkItem, BenchmarkSpec
 from evaluation.splits import SplitManifest, pool_batch, pool_order
 from shared.confirmation import BATCH
 from shared.decision import Decision, OwnerState, decide
-from shared.events import BenchmarkScores, DecisionView
+from shared.events import BenchmarkScores, BenchResult, DecisionView, TrainResult
+from shared.handling import Outgoing, StageContext
 from shared.logs import get_logger
 from shared.owners import SHARED_OWNER, OwnerConflict, OwnerStore
 
@@ -155,3 +156,28 @@ async def decide_on_pool(
         return view(decision, owner, level)
     raise RuntimeError(f"owner {owner}: {OWNER_ATTEMPTS} concurrent confirmations won its state's compare-and-set")
 
+
+async def with_decision(ctx: StageContext, event: TrainResult, spec: BenchmarkSpec,
+                         results: list[BenchResult | Outgoing], score_items: ScoreItems,
+                         ) -> list[BenchResult | Outgoing]:
+    """The validation result with its decision (services/benchmark/confirm.py): better than, not
+    distinguishable from, or worse than the base model, confirmed on the hidden pool."""
+    validation = results[0]
+    if (not isinstance(validation, BenchResult) or not validation.ok or validation.benchmark is None
+            or validation.baseline is None):
+        return results
+    private = await ctx.bus.private_artifacts()
+
+    async def keep(data: bytes) -> object:
+        return await private.put_bytes(f"{event.request_id}/decision.json", data)
+
+    try:
+        decision = await decide_on_pool(
+            bus=ctx.bus, spec=spec, max_items=spec.max_items(ctx.settings.bench_max_items),
+            candidate=validation.benchmark, baseline=validation.baseline.baseline, owner=owner_of(event.context.owner),
+            score_items=score_items, private_put=keep)
+    except ValueError as exc:
+        # Validation scores that cannot be paired: the verdict says why, nothing is called better.
+        log.warning("no decision", error=str(exc))
+        return results
+    return [validation.model_copy(update={"decision": decision}), *results[1:]]

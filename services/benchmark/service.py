@@ -29,7 +29,7 @@ from evaluation.splits import SplitManifest, make_split
 from evaluation.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
 from runners.base import EXIT_TIMEOUT, RunResult, thread_env
 from runners.sandbox import Sandbox
-from services.benchmark.confirm import ScoreItems, decide_on_pool, owner_of
+from services.benchmark.confirm import with_decision
 from shared.artifacts import ArtifactStore, materialise
 from shared.events import (
     ArtifactRef,
@@ -116,33 +116,7 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[BenchResult | Ou
         return (await _run_split(ctx, event, spec, manifest, model, device, inference, label=label)).scores
 
     validation, test = await asyncio.gather(one_split("validation"), one_split("test"))
-    return await _with_decision(ctx, event, spec, validation + test, score_items)
-
-
-async def _with_decision(ctx: StageContext, event: TrainResult, spec: BenchmarkSpec,
-                         results: list[BenchResult | Outgoing], score_items: ScoreItems,
-                         ) -> list[BenchResult | Outgoing]:
-    """The validation result with its decision (services/benchmark/confirm.py): better than, not
-    distinguishable from, or worse than the base model, confirmed on the hidden pool."""
-    validation = results[0]
-    if (not isinstance(validation, BenchResult) or not validation.ok or validation.benchmark is None
-            or validation.baseline is None):
-        return results
-    private = await ctx.bus.private_artifacts()
-
-    async def keep(data: bytes) -> object:
-        return await private.put_bytes(f"{event.request_id}/decision.json", data)
-
-    try:
-        decision = await decide_on_pool(
-            bus=ctx.bus, spec=spec, max_items=spec.max_items(ctx.settings.bench_max_items),
-            candidate=validation.benchmark, baseline=validation.baseline.baseline, owner=owner_of(event.context.owner),
-            score_items=score_items, private_put=keep)
-    except ValueError as exc:
-        # Validation scores that cannot be paired: the verdict says why, nothing is called better.
-        log.warning("no decision", error=str(exc))
-        return results
-    return [validation.model_copy(update={"decision": decision}), *results[1:]]
+    return await with_decision(ctx, event, spec, validation + test, score_items)
 
 
 #: Weight formats that torch.load unpickles: loading one runs whatever code the pickle names.
@@ -369,7 +343,7 @@ async def _handle_warm(
             await (await _cache_store_for(ctx, manifest)).put_bytes(cache_name, run.scores.model_dump_json().encode())
         return run.scores
 
-    decided = await _with_decision(
+    decided = await with_decision(
         ctx, event, spec,
         [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
          for split in ("validation", "test")],
