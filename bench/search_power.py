@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from bench.standin_pipeline import emit  # noqa: E402
 from shared.decision import OWNER_ALPHA, OwnerState, decide  # noqa: E402
 from shared.online_testing import OnlineState  # noqa: E402
-from shared.paired_tests import sign_flip_inverted, upper_tail  # noqa: E402
+from shared.paired_tests import betting_interval, upper_tail  # noqa: E402
 
 BENCHMARK_ITEMS = 1_319
 TEST_ITEMS = 100
@@ -99,7 +99,7 @@ def _before_p(candidate: np.ndarray, incumbent: np.ndarray) -> float:
         losses = int((incumbent & ~candidate).sum())
         return upper_tail(wins, wins + losses, 0.5) if wins + losses else 1.0
     diffs = candidate.mean(axis=0) - incumbent.mean(axis=0)
-    difference, p, _, _ = sign_flip_inverted(list(diffs), [1.0] * diffs.size, seed=0, resamples=10_000)
+    difference, p, _, _ = betting_interval(list(diffs), [1.0] * diffs.size, seed=0)
     return p / 2 if difference > 0 else 1.0
 
 

@@ -162,8 +162,8 @@ def compare(
 
     It prints the difference FIRST - SECOND of the primary metric (each item's mean over its runs),
     with each subset weighing the same (as the headline score does), its confidence interval and the
-    p-value of McNemar's exact test (right/wrong items, subsets of one size) or a paired sign-flip
-    permutation test, the interval built on the same test so that the two never disagree (seeded: the
+    p-value of McNemar's exact test (right/wrong items, subsets of one size) or the betting test of
+    the mean difference, the interval built on the same test so that the two never disagree (seeded: the
     same on every rerun): "FIRST is better than SECOND by +0.12 (95% CI +0.05 to +0.19, p = 0.002,
     60 items)", or "not distinguishable", and what the comparison could have detected at 80% power.
     Fewer than 10 items: "too few items to say". Requests without a verdict or per-item outcomes, on

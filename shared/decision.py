@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.confirmation import BATCH, BUDGET, Confirmation, confirm, largest_possible_wealth
 from shared.online_testing import gamma
-from shared.paired_tests import upper_tail
+from shared.paired_tests import betting_interval, upper_tail
 from shared.statistics import MIN_ITEMS, equal_weights, stratum_weights
 
 #: The chance, over an owner's whole history, that any "better" it was told is false.
@@ -219,9 +219,10 @@ def decide(candidate: Mapping[str, float], reference: Mapping[str, float], owner
     est_start = start + used
     est = np.asarray(list(pool.differences(est_start, min(est_start + ESTIMATE_ITEMS, pool.size))), dtype=float)
     if est.size >= MIN_ITEMS:
-        mean = float(est.mean())
-        half = NormalDist().inv_cdf(0.975) * float(est.std(ddof=1)) / math.sqrt(est.size)
-        estimate, low, high = mean, max(-1.0, mean - half), min(1.0, mean + half)
+        # The betting interval holds its 95% whatever the differences' shape (a normal one covered far
+        # less when nearly every fresh item is a win: shared/paired_tests.py).
+        mean, _, low, high = betting_interval(est, np.ones(est.size), seed=0, level=0.95)
+        estimate = mean
         said = f"{mean:+.3f} (95% CI {low:+.3f} to {high:+.3f}, {est.size} fresh pool items)"
     else:
         estimate, low, high = result.mean, None, None

@@ -65,13 +65,15 @@ def detectable_for_sizes(subset_sizes: Sequence[int], disagreement: float, *, le
     return detectable_difference(items, disagreement, level=level, power=power) if items else None
 
 
-def detectable_normal(diffs: Sequence[float], weights: Sequence[float], *, level: float = 0.95,
-                      power: float = POWER) -> float | None:
-    """The smallest weighted mean difference a two-sided test at ``level`` finds with probability
-    ``power``, by the normal approximation of the sign-flip statistic: (z_{1-a/2} + z_power) times its
-    standard deviation, sqrt(sum w_i^2 d_i^2), from the observed differences; None when nothing differs."""
-    spread = math.sqrt(math.fsum((w * x) ** 2 for w, x in zip(weights, diffs, strict=True)))
-    if spread == 0.0:
+def detectable_betting(diffs: Sequence[float], weights: Sequence[float], low: float, high: float, *,
+                       power: float = POWER) -> float | None:
+    """The smallest weighted mean difference the betting test finds with probability ``power``, near
+    enough: its interval's half-width (what a difference must pass to exclude 0) plus z_power standard
+    errors of the weighted mean, sqrt(sum w_i^2 (d_i - D)^2), from the observed differences; None when
+    nothing differs."""
+    total = math.fsum(weights)
+    mean = math.fsum(w * x for w, x in zip(weights, diffs, strict=True)) / total
+    spread = math.sqrt(math.fsum((w * (x - mean)) ** 2 for w, x in zip(weights, diffs, strict=True))) / total
+    if not any(diffs):
         return None
-    z = NormalDist()
-    return (z.inv_cdf(1.0 - (1.0 - level) / 2) + z.inv_cdf(power)) * spread / math.fsum(weights)
+    return (high - low) / 2 + NormalDist().inv_cdf(power) * spread

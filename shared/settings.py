@@ -330,7 +330,7 @@ class Settings(BaseSettings):
         default=0.95, ge=0.9, lt=1,
         description="judge_policy=significant: the confidence level of the paired comparison with the base "
         "model. The improvement's interval at this level must exclude 0, and the p-value (McNemar's exact "
-        "test, or the paired permutation test) must be below 1 - level. At least 0.9: below it noise passes "
+        "test, or the betting test) must be below 1 - level. At least 0.9: below it noise passes "
         "(at 0.5, 3 better items of 40, p = 0.25, would be accepted).",
     )
 

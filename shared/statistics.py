@@ -14,8 +14,9 @@ Which test and interval are used when (shared/paired_tests.py):
 
 - Every item weighs the same and scored exactly 0 or 1 on both sides (one run per item): McNemar's
   exact test, and the exact interval built on the same binomial test.
-- Otherwise (graded scores: a mean over repeated runs, partial credit; or subsets of different sizes): a
-  sign-flip permutation test of the weighted mean difference, and the interval that inverts it.
+- Otherwise (graded scores: a mean over repeated runs, partial credit; or subsets of different sizes): the
+  betting test of the weighted mean difference and its confidence interval (Waudby-Smith and Ramdas),
+  valid for any bounded differences at every n.
 - Fewer than MIN_ITEMS items: the numbers are given, but the words say "too few items to say", and the
   comparison never counts as beyond noise.
 - Every comparison states the smallest improvement it could detect at 80% power with its items and the
@@ -32,8 +33,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.paired_tests import mcnemar_exact, mcnemar_interval, sign_flip_inverted
-from shared.power import POWER, detectable_difference, detectable_normal
+from shared.paired_tests import betting_interval, mcnemar_exact, mcnemar_interval
+from shared.power import POWER, detectable_betting, detectable_difference
 
 
 class ItemsDiffer(ValueError):
@@ -183,7 +184,8 @@ class PairedComparison(BaseModel):
     ci_high: float
     level: float
     p_value: float
-    test: Literal["mcnemar", "permutation"]
+    #: "permutation" (the sign-flip test) only in verdicts from before the betting test.
+    test: Literal["mcnemar", "betting", "permutation"]
     candidate_only: int | None
     baseline_only: int | None
     seed: int
@@ -195,9 +197,10 @@ class PairedComparison(BaseModel):
     weighting: Literal["items", "subsets"] = "items"
     #: How many subsets (strata) the items fall in.
     subsets: int = 1
-    #: How the interval was made: "mcnemar" (exact, agreeing with McNemar's test), "inversion" (the
-    #: sign-flip test inverted), "bootstrap" (the percentile bootstrap of verdicts before these).
-    interval: Literal["mcnemar", "inversion", "bootstrap"] = "bootstrap"
+    #: How the interval was made: "mcnemar" (exact, agreeing with McNemar's test), "betting" (the betting
+    #: test's confidence interval); in older verdicts "inversion" (the sign-flip test inverted) and
+    #: "bootstrap" (a percentile bootstrap).
+    interval: Literal["mcnemar", "betting", "inversion", "bootstrap"] = "bootstrap"
     #: The share of items on which the two differ at all.
     disagreement: float | None = None
     #: The smallest improvement this comparison finds at 80% power with its items and disagreement;
@@ -246,10 +249,14 @@ class PairedComparison(BaseModel):
         weighing = f", each of the {self.subsets} subsets weighing the same" if self.weighting == "subsets" else ""
         if self.test == "mcnemar":
             test = "McNemar's exact test"
+        elif self.test == "betting":
+            test = f"a betting test of the mean difference{weighing}"
         else:
             test = f"a paired sign-flip permutation test{weighing}"
         if self.interval == "mcnemar":
             return f"{test}, with the exact interval built on the same binomial test"
+        if self.interval == "betting":
+            return f"{test}, with its confidence interval (items taken in an order of seed {self.seed})"
         if self.interval == "inversion":
             return f"{test}, with the interval that inverts it (seed {self.seed})"
         return f"{test}; percentile bootstrap interval of {self.resamples} resamples, seed {self.seed}"
@@ -286,7 +293,7 @@ def compare_paired(
 
     ``strata`` (item id -> subset) weighs every subset the same (``stratum_weights``); without it every item
     weighs the same. Equal weights and outcomes all 0 or 1: McNemar's exact test and its interval
-    (``mcnemar_interval``); otherwise the weighted sign-flip test and its inversion (``sign_flip_inverted``)."""
+    (``mcnemar_interval``); otherwise the betting test and its interval (``betting_interval``)."""
     check_level(level)
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
@@ -313,19 +320,17 @@ def compare_paired(
     binary = all(x in (0.0, 1.0) for x in c + b)
     if binary and equal_weights(weights):
         result = mcnemar_exact([x == 1.0 for x in c], [x == 1.0 for x in b])
-        test: Literal["mcnemar", "permutation"] = "mcnemar"
+        test: Literal["mcnemar", "betting", "permutation"] = "mcnemar"
         p, only_c_count, only_b_count = result.p_value, result.candidate_only, result.baseline_only
         difference = math.fsum(diffs) / n
         low, high = mcnemar_interval(only_c_count, only_b_count, n, level)
-        interval: Literal["mcnemar", "inversion"] = "mcnemar"
+        interval: Literal["mcnemar", "betting"] = "mcnemar"
         detectable = detectable_difference(n, disagreement, level=level)
     else:
-        test, interval, only_c_count, only_b_count = "permutation", "inversion", None, None
-        # Enough patterns to resolve the threshold: a smallest p of 1 / (resamples + 1) must fall well
-        # below 1 - level (a campaign's 25th test compares with 9.7e-05: 10,000 patterns never could).
-        resamples = max(resamples, RESOLVING_HITS * math.ceil(1.0 / (1.0 - level)))
-        difference, p, low, high = sign_flip_inverted(diffs, weights, seed=seed, resamples=resamples, level=level)
-        detectable = detectable_normal(diffs, weights, level=level)
+        test, interval, only_c_count, only_b_count = "betting", "betting", None, None
+        resamples = 0  # the betting test draws nothing: it takes the items once, in a seeded order
+        difference, p, low, high = betting_interval(diffs, weights, seed=seed, level=level)
+        detectable = detectable_betting(diffs, weights, low, high, power=POWER)
     # No improvement larger than the room the baseline leaves can be found: a "+1.40" says nothing is.
     room = 1.0 - math.fsum(w * x for w, x in zip(weights, b, strict=True)) if higher_is_better else \
         math.fsum(w * x for w, x in zip(weights, b, strict=True))

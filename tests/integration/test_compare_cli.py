@@ -36,9 +36,9 @@ async def test_compare_two_requests_in_words_and_json_and_refuse_what_cannot_be_
     said = " ".join(out.split())
     assert re.match(rf"{strong} is better than {weak} by \+0\.\d\d \(95% CI \+0\.\d\d to \+\d\.\d\d, "
                     rf"two-sided p = [0-9.e-]+, threshold 0\.05, {items} items\)", said), said
-    # tiny-arith's subsets (10 and 6 validation items) weigh the same: the weighted sign-flip test.
-    assert "a paired sign-flip permutation test, each of the 2 subsets weighing the same, with the interval " \
-           "that inverts it" in said and "tiny-arith validation" in said
+    # tiny-arith's subsets (10 and 6 validation items) weigh the same: the weighted betting test.
+    assert "a betting test of the mean difference, each of the 2 subsets weighing the same, with its " \
+           "confidence interval" in said and "tiny-arith validation" in said
 
     code, out, err = await run_ftbus(settings, "compare", weak, strong, "--json", "--level", "0.9")
     assert code == 0, err[-3000:]

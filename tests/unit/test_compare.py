@@ -79,19 +79,24 @@ def test_a_difference_inside_the_noise_is_not_distinguishable() -> None:
                         r"detectable at 80% power", result.summary), result.summary
 
 
-def test_graded_items_from_repeated_runs_use_the_permutation_test_at_the_level_asked() -> None:
-    a_scores = _scores([1.0] * 12, runs=4)
-    b_scores = _scores([0.0] * 12, runs=4)
-    # Item means of 0.75 and 0.25: graded, so the paired permutation test (exact: 12 non-zero differences).
-    for item in a_scores.item_scores["test"]:
-        a_scores.item_scores["test"][item] = [1.0, 1.0, 1.0, 0.0]
-        b_scores.item_scores["test"][item] = [0.0, 1.0, 0.0, 0.0]
-    result = compare_verdicts(_side("A", a_scores), _side("B", b_scores), level=0.99)
-    assert result.paired.test == "permutation" and result.paired.level == 0.99
-    assert result.paired.p_value == pytest.approx(2 / 2**12)
-    assert result.num_runs == 4
-    assert result.summary.startswith("A is better than B by +0.50 (99% CI +0.50 to +0.50, two-sided p = 0.00049, "
-                                     "threshold 0.01, 12 items)")
+def test_graded_items_from_repeated_runs_use_the_betting_test_at_the_level_asked() -> None:
+    def pair(items: int) -> tuple[BenchmarkScores, BenchmarkScores]:
+        a_scores, b_scores = _scores([1.0] * items, runs=4), _scores([0.0] * items, runs=4)
+        # Item means of 0.75 and 0.25: graded, so the betting test of the mean difference.
+        for item in a_scores.item_scores["test"]:
+            a_scores.item_scores["test"][item] = [1.0, 1.0, 1.0, 0.0]
+            b_scores.item_scores["test"][item] = [0.0, 1.0, 0.0, 0.0]
+        return a_scores, b_scores
+
+    small = compare_verdicts(*(_side(name, s) for name, s in zip("AB", pair(12), strict=True)), level=0.99)
+    assert small.paired.test == "betting" and small.paired.level == 0.99 and small.num_runs == 4
+    # +0.50 on all 12 items, yet a difference of mean 0 gives that with probability (2/3)**12 = 0.0077 (+0.50
+    # twice as often as -1.00): no valid test of the means can go below it, so at 99% it is not distinguishable.
+    assert small.paired.p_value >= (2 / 3) ** 12
+    assert small.summary.startswith("A is not distinguishable from B (difference +0.50, 99% CI ")
+    large = compare_verdicts(*(_side(name, s) for name, s in zip("AB", pair(60), strict=True)), level=0.99)
+    assert large.paired.p_value < 0.01
+    assert large.summary.startswith("A is better than B by +0.50 (99% CI +")
 
 
 def test_refused_without_a_verdict_saying_whether_the_request_is_unknown_or_still_running() -> None:

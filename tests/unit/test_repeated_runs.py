@@ -221,11 +221,11 @@ def test_a_clear_improvement_is_called_better_with_its_interval() -> None:
 
 
 def test_noise_is_called_not_distinguishable() -> None:
-    # Graded (3 runs per item), one item's worth of difference in 20: a permutation test.
+    # Graded (3 runs per item), one item's worth of difference in 20: the betting test.
     candidate = _scores({f"i{k}": [1.0, 0.0, 1.0] if k == 0 else [0.0, 1.0, 0.0] for k in range(20)})
     baseline = _scores({f"i{k}": [0.0, 1.0, 0.0] for k in range(20)})
     paired, words = compare_scores(candidate, baseline)
-    assert paired is not None and paired.test == "permutation" and not paired.improves()
+    assert paired is not None and paired.test == "betting" and not paired.improves()
     assert words.startswith("not distinguishable from the base model (difference +0.02, 95% CI ")
 
 

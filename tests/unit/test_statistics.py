@@ -10,17 +10,36 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from shared.paired_tests import mcnemar_exact, sign_flip_inverted
+from shared.paired_tests import BET_TRUNCATION, betting_interval, mcnemar_exact
 from shared.statistics import ItemsDiffer, compare_paired, majority_correct, mean_stderr, pass_at_k
 
 
-def sign_flip_p(candidate: list[float], baseline: list[float], *, seed: int, resamples: int = 10_000) -> float:
-    """The sign-flip test's p-value with every item weighing the same (sign_flip_inverted's second value)."""
-    diffs = [float(c) - float(b) for c, b in zip(candidate, baseline, strict=True)]
-    return sign_flip_inverted(diffs, [1.0] * len(diffs), seed=seed, resamples=resamples)[1]
+def hedged_log_wealth(diffs: list[float], weights: list[float], m_d: float, *, seed: int, level: float = 0.95) -> float:
+    """Waudby-Smith and Ramdas's hedged capital, written out item by item: the largest log wealth of
+    betting against a weighted mean difference of ``m_d``, the items in the order ``seed`` gives."""
+    n = len(diffs)
+    total = sum(weights)
+    w = [x / total for x in weights]
+    reach = n * max(w)
+    y = [(n * wi * di + reach) / (2 * reach) for wi, di in zip(w, diffs, strict=True)]
+    order = np.random.default_rng(seed).permutation(n)
+    y = [y[i] for i in order]
+    m = (m_d + reach) / (2 * reach)
+    alpha = 1 - level
+    up = down = 1.0
+    best = -math.inf
+    sum_y, sum_sq, var_prev = 0.0, 0.0, 0.25
+    for t, value in enumerate(y, start=1):
+        bet = math.sqrt(2 * math.log(2 / alpha) / (n * var_prev))
+        up *= 1 + min(bet, BET_TRUNCATION / m) * (value - m)
+        down *= 1 - min(bet, BET_TRUNCATION / (1 - m)) * (value - m)
+        best = max(best, math.log((up + down) / 2))
+        sum_y += value
+        mean_t = (0.5 + sum_y) / (t + 1)
+        sum_sq += (value - mean_t) ** 2
+        var_prev = (0.25 + sum_sq) / (t + 1)
+    return best
 
 
 def binomial_two_sided(k: int, n: int) -> Fraction:
@@ -57,37 +76,15 @@ def correlated_binary(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return candidate.astype(float), baseline.astype(float)
 
 
-def test_inverted_interval_matches_the_analytic_one_on_many_items() -> None:
-    # Graded, symmetric differences: the inverted sign-flip test's interval is the t interval, near enough.
-    rng = np.random.default_rng(7)
-    baseline = rng.random(2000) * 0.8
-    candidate = np.clip(baseline + 0.1 + rng.normal(0, 0.1, 2000), 0, 1)
-    diffs = candidate - baseline
-    half = 1.96 * diffs.std(ddof=1) / math.sqrt(diffs.size)
-    mean, p, low, high = sign_flip_inverted(list(diffs), [1.0] * diffs.size, seed=1)
-    assert mean == pytest.approx(diffs.mean(), abs=1e-12)
-    assert p < 0.001
-    assert abs(low - (diffs.mean() - half)) < 0.002
-    assert abs(high - (diffs.mean() + half)) < 0.002
-
-
-def test_sign_flip_chunks_give_the_same_draws_as_one_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    import shared.paired_tests as paired_tests
-
-    diffs = list(np.random.default_rng(3).normal(0.05, 0.3, 50))
-    whole = sign_flip_inverted(diffs, [1.0] * 50, seed=5, resamples=1000)
-    monkeypatch.setattr(paired_tests, "_CHUNK_ELEMENTS", 50 * 7)  # 7 patterns a chunk, the last one partial
-    assert sign_flip_inverted(diffs, [1.0] * 50, seed=5, resamples=1000) == whole
-
-
 def test_same_seed_same_answers_and_a_different_seed_differs() -> None:
-    # Graded scores from one distribution, so p is well inside (0, 1); 300 non-zero differences: Monte Carlo.
+    # Graded scores from one distribution, so p is well inside (0, 1); the seed orders the items.
     graded = np.random.default_rng(12).random((2, 300))
     graded_c, graded_b = list(graded[0]), list(graded[1])
-    p = sign_flip_p(graded_c, graded_b, seed=42)
-    assert sign_flip_p(graded_c, graded_b, seed=42) == p
-    assert sign_flip_p(graded_c, graded_b, seed=43) != p  # Monte Carlo: the seed matters
-    assert 0.0 < p < 1.0
+    diffs = [c - b for c, b in zip(graded_c, graded_b, strict=True)]
+    p = betting_interval(diffs, [1.0] * 300, seed=42)[1]
+    assert betting_interval(diffs, [1.0] * 300, seed=42)[1] == p
+    assert betting_interval(diffs, [1.0] * 300, seed=43)[1] != p  # another order: the seed matters
+    assert 0.0 < p <= 1.0
     pair = scores(graded_c), scores(graded_b)
     assert compare_paired(*pair, seed=9) == compare_paired(*pair, seed=9)
     assert compare_paired(*pair, seed=9) != compare_paired(*pair, seed=10)
@@ -148,33 +145,6 @@ def test_majority_correct(runs: list[tuple[str | None, bool]], expected: bool) -
     assert majority_correct(runs) is expected
 
 
-def test_permutation_exact_cases_by_hand() -> None:
-    # Of the 8 sign patterns of [1, 1, 1] only all-plus and all-minus reach |mean| = 1.
-    assert sign_flip_p([1, 1, 1], [0, 0, 0], seed=0) == pytest.approx(0.25)
-    # Zero differences do not flip: [1, 1, 1, 0] is the same test on 3 non-zero differences.
-    assert sign_flip_p([1, 1, 1, 0.5], [0, 0, 0, 0.5], seed=0) == pytest.approx(0.25)
-    # [0.5, -0.25]: sums 0.25, 0.75, -0.75, -0.25; |sum| >= 0.25 everywhere.
-    assert sign_flip_p([0.5, 0.0], [0.0, 0.25], seed=0) == 1.0
-    assert sign_flip_p([0.3, 0.7, 0.1], [0.3, 0.7, 0.1], seed=0) == 1.0
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.sampled_from([-1.0, -0.5, 0.0, 0.25, 1.0]), min_size=1, max_size=10))
-def test_permutation_exact_matches_brute_force(diffs: list[float]) -> None:
-    observed = abs(sum(diffs))
-    flips = list(itertools.product([1, -1], repeat=len(diffs)))
-    expected = sum(1 for s in flips if abs(sum(a * b for a, b in zip(s, diffs, strict=True))) >= observed - 1e-9)
-    p = sign_flip_p(diffs, [0.0] * len(diffs), seed=0)
-    assert p == pytest.approx(expected / len(flips) if any(diffs) else 1.0, abs=1e-12)
-
-
-def test_permutation_monte_carlo_agrees_with_mcnemar_roughly() -> None:
-    # 20 discordant items, 15 for the candidate: the sign-flip test is then the binomial test again.
-    candidate, baseline = discordant(15, 5)
-    p = sign_flip_p([float(x) for x in candidate], [float(x) for x in baseline], seed=3, resamples=20_000)
-    assert p == pytest.approx(float(binomial_two_sided(15, 20)), abs=0.006)
-
-
 def scores(values: list[float]) -> dict[str, float]:
     return {f"item-{i:03d}": v for i, v in enumerate(values)}
 
@@ -214,14 +184,37 @@ def test_compare_null_cases_are_indistinguishable() -> None:
     assert one.describe().startswith("too few items to say against the base model (1 item, fewer than 10:")
 
 
-def test_compare_graded_values_use_the_permutation_test() -> None:
+def test_the_betting_p_value_and_interval_match_the_wealth_written_out() -> None:
+    rng = np.random.default_rng(3)
+    for n, strata in ((12, None), (40, None), (60, (10, 50))):
+        diffs = list(np.clip(rng.normal(0.15, 0.35, n), -1, 1))
+        weights = [1.0] * n if strata is None else [1 / strata[0]] * strata[0] + [1 / strata[1]] * strata[1]
+        observed, p, low, high = betting_interval(diffs, weights, seed=n)
+        assert observed == pytest.approx(sum(w * d for w, d in zip(weights, diffs, strict=True)) / sum(weights))
+        assert p == pytest.approx(min(1.0, math.exp(-hedged_log_wealth(diffs, weights, 0.0, seed=n))), rel=1e-9)
+        threshold = math.log(1 / 0.05)
+        # Every mean inside the interval is accepted, every one just beyond it rejected.
+        for inside in (low + 1e-6, (low + high) / 2, high - 1e-6):
+            assert hedged_log_wealth(diffs, weights, inside, seed=n) < threshold
+        for outside in (low - 1e-4, high + 1e-4):
+            if -1 < outside < 1:
+                assert hedged_log_wealth(diffs, weights, outside, seed=n) >= threshold
+        assert (low <= 0.0 <= high) == (p >= 0.05)
+    # The same inputs and seed give the same interval; another seed takes the items in another order.
+    diffs = list(np.clip(rng.normal(0.1, 0.3, 80), -1, 1))
+    assert betting_interval(diffs, [1.0] * 80, seed=1) == betting_interval(diffs, [1.0] * 80, seed=1)
+
+
+def test_compare_graded_values_use_the_betting_test() -> None:
     rng = random.Random(5)
     baseline = [rng.random() for _ in range(80)]
     candidate = [min(1.0, x + 0.2 * rng.random()) for x in baseline]
     result = compare_paired(scores(candidate), scores(baseline), seed=2)
-    assert result.test == "permutation"
+    assert result.test == "betting" and result.interval == "betting"
     assert result.candidate_only is None and result.baseline_only is None
-    assert result.direction == "better" and result.p_value < 0.001
+    # +0.10 on nearly every item: the bets are bounded by what one item could lose, so p is 1 / a wealth
+    # that grows at most a few percent an item, not a t-test's 1e-30.
+    assert result.direction == "better" and result.p_value < 0.01
     assert result.candidate_mean - result.baseline_mean == pytest.approx(result.difference)
 
 
@@ -277,7 +270,8 @@ def test_the_detectable_improvement_never_passes_the_room_the_baseline_leaves() 
 
 def test_a_graded_comparison_resolves_a_campaigns_smallest_thresholds() -> None:
     # A campaign's 25th test: one-sided 4.9e-05, so two-sided p must fall below 9.7e-05. Graded scores
-    # (subsets of unequal size) and a clear gain: 10,000 patterns could give no p below 1 / 10,001.
+    # (subsets of unequal size) and a clear gain: 10,000 sign patterns could give no p below 1 / 10,001;
+    # the betting test's p is 1 / its wealth, which has no such floor.
     from shared.online_testing import OnlineState, two_sided_level
 
     state = OnlineState()
@@ -288,5 +282,5 @@ def test_a_graded_comparison_resolves_a_campaigns_smallest_thresholds() -> None:
     baseline = {f"{'a' if k < 40 else 'b'}/{k}": 0.0 if k % 3 else 1.0 for k in range(200)}
     strata = {key: key.split("/")[0] for key in candidate}
     result = compare_paired(candidate, baseline, level=level, strata=strata)
-    assert result.test == "permutation" and result.resamples * (1.0 - level) >= 20
+    assert result.test == "betting"
     assert result.p_value < 1.0 - level and result.improves()
