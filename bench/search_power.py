@@ -4,7 +4,7 @@ by simulation (numpy, seeded).
 
 - **before**: today's campaign procedure (shared/online_testing.py): each candidate against the
   incumbent on the same validation items, one-sided at the campaign's level (McNemar's exact test for
-  items right or wrong; the sign-flip test of 10,000 patterns for graded scores), the level spent per
+  items right or wrong; the betting test of shared/paired_tests.py for graded scores), the level spent per
   campaign. (Outside a campaign, today's default policy accepts every candidate that ran.)
 - **after**: ``shared.decision.decide``, the one decision function: a screen on validation, then the
   betting test on a hidden pool at the owner's level, spent per confirmation over the owner's whole
@@ -21,7 +21,6 @@ same kind; the same candidate submitted twice meets the same pool items.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.standin_pipeline import emit  # noqa: E402
+from bench.standin_pipeline import simulation_main  # noqa: E402
 from shared.decision import OWNER_ALPHA, OwnerState, decide  # noqa: E402
 from shared.online_testing import OnlineState  # noqa: E402
 from shared.paired_tests import betting_interval, upper_tail  # noqa: E402
@@ -297,12 +296,7 @@ def rows(searches: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--searches", type=int, default=1_000, help="simulated searches per measure")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
-    args = parser.parse_args()
-    emit(rows(args.searches, args.seed), args.json, "an agent's search: before and after the confirmation pool")
+    simulation_main(__doc__, "searches", 1_000, rows, "an agent's search: before and after the confirmation pool")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +328,17 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def simulation_main(doc: str, count: str, default: int, rows: Callable[[int, int], list[dict[str, Any]]],
+                    title: str) -> None:
+    """A seeded simulation's command line: ``--<count> N`` simulated runs, ``--seed``, ``--json``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument(f"--{count}", type=int, default=default, help=f"simulated {count} per measure")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print only the JSON rows on stdout")
+    args = parser.parse_args()
+    emit(rows(getattr(args, count), args.seed), args.json, title)
 
 
 def emit(rows: list[dict[str, Any]], as_json: bool, title: str) -> None:

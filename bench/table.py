@@ -54,6 +54,8 @@ SCRIPTS: tuple[Script, ...] = (
     Script("fair_share", "a campaign's one request behind another's thirty: arrival order against lanes"),
     Script("search_power", "an agent's search before and after the confirmation pool: false 'better', power by "
                            "position, items per candidate (simulation)"),
+    Script("leaderboard_rate", "the leaderboard's family-wise rate: tied rows called distinguishable, before and "
+                               "after Holm over every pair (simulation)"),
     Script("sweep_cost", "the aggregator's sweep against a bucket of finished requests"),
     Script("ls_cost", "listing requests (`ftbus ls`) with many on the server"),
     Script("artifact_memory", "a worker's memory while it moves a 1 GB artifact"),

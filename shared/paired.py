@@ -10,7 +10,7 @@ comparison's difference is the headline's difference (docs/benchmarks.md, "One e
 from __future__ import annotations
 
 from shared.events import BenchmarkScores
-from shared.statistics import ItemsDiffer, PairedComparison, compare_paired
+from shared.statistics import ItemsDiffer, PairedComparison, compare_paired, paired_p_value
 
 #: The bootstrap's and the permutation test's seed: recorded in every comparison (``paired.seed``).
 BOOTSTRAP_SEED = 0
@@ -40,6 +40,14 @@ def compare_scores(
     except ItemsDiffer as exc:
         return None, f"no paired comparison with {other_name}: {exc}"
     return paired, describe_with_power(paired, other_name)
+
+
+def paired_p(candidate: BenchmarkScores, other: BenchmarkScores, *, seed: int = BOOTSTRAP_SEED) -> float | None:
+    """``compare_scores``'s p-value alone (at its default level), or None where the two cannot be paired."""
+    mine, theirs = candidate.item_means(), other.item_means()
+    if not mine or not theirs or candidate.num_runs != other.num_runs or mine.keys() != theirs.keys():
+        return None
+    return paired_p_value(mine, theirs, seed=seed, strata={key: subset_of(key) for key in mine})
 
 
 def subset_of(key: str) -> str:

@@ -138,6 +138,10 @@ def _holding_zero(low: float, high: float) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- the betting test and its interval
 
+#: The level the bets are sized for, whatever level a comparison asks: so that one wealth gives one
+#: p-value, and the interval at every level excludes 0 exactly when p is below it (a family's Holm
+#: levels, a campaign's). Sized for another level, a bet is still a bet: only the power moves.
+BET_LEVEL = 0.95
 #: How far a bet may go: a share of what the wealth could lose on the worst outcome (Waudby-Smith and
 #: Ramdas's c; 1/2 or 3/4 in their paper). 3/4 measured the narrower intervals on the coverage grid.
 BET_TRUNCATION = 0.75
@@ -159,14 +163,44 @@ def _betting_log_wealth(y: np.ndarray, bets: np.ndarray, m: np.ndarray) -> np.nd
     return (np.logaddexp(log_up, log_down) - math.log(2.0)).max(axis=1)
 
 
+def _betting_sequence(diffs: Sequence[float], weights: Sequence[float], *, seed: int,
+                      ) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """The betting test's inputs: the weighted mean difference, the reach n max(w) of an item, the
+    items as values in [0, 1] in their seeded order, and the predictable bets tuned for n items."""
+    import numpy as np
+
+    d = np.asarray(diffs, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    n = d.size
+    reach = float(n * w.max())  # |x_i| <= n w_i |d_i| <= reach
+    y = (n * w * d + reach) / (2.0 * reach)
+    y = y[np.random.default_rng(seed).permutation(n)]
+    steps = np.arange(1, n + 1)
+    running_mean = (0.5 + np.cumsum(y)) / (steps + 1)
+    running_var = (0.25 + np.cumsum((y - running_mean) ** 2)) / (steps + 1)
+    bets = np.sqrt(2.0 * math.log(2.0 / (1.0 - BET_LEVEL)) / (n * np.concatenate([[0.25], running_var[:-1]])))
+    return float(w @ d), reach, y, bets
+
+
+def betting_p(diffs: Sequence[float], weights: Sequence[float], *, seed: int) -> float:
+    """The betting test's p-value of "the weighted mean difference is 0" alone (``betting_interval``'s
+    second value, without the interval's search): 1 / the largest wealth at 0."""
+    import numpy as np
+
+    _, _, y, bets = _betting_sequence(diffs, weights, seed=seed)
+    return min(1.0, math.exp(-float(_betting_log_wealth(y, bets, np.array([0.5]))[0])))
+
+
 def betting_interval(
     diffs: Sequence[float], weights: Sequence[float], *, seed: int, level: float = 0.95
 ) -> tuple[float, float, float, float]:
     """The weighted mean difference D = sum w_i d_i (d_i in [-1, 1]), the p-value of D = 0, and the
     confidence interval of D, from one betting test (Waudby-Smith and Ramdas 2023, "Estimating means of
     bounded random variables by betting", the hedged capital process with predictable plug-in bets
-    tuned for n items). Valid at every n for any distribution of the differences: unlike a sign-flip
-    test, it needs no symmetry, which one-sided wins, skewed graded scores and small subsets lack.
+    tuned for n items, sized for BET_LEVEL). Valid at every n for any distribution of the differences:
+    unlike a sign-flip test, it needs no symmetry, which one-sided wins, skewed graded scores and small
+    subsets lack.
 
     Each item becomes x_i = n w_i d_i, whose mean is D (an item of a small subset carries more of it),
     bounded by n max(w); taken in an order seeded by ``seed``, the x_i are a sample of one bounded
@@ -176,19 +210,9 @@ def betting_interval(
     in the interval exactly when p >= 1 - level."""
     import numpy as np
 
-    d = np.asarray(diffs, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    n = d.size
     alpha = 1.0 - level
-    observed = float(w @ d)
-    reach = float(n * w.max())  # |x_i| <= n w_i |d_i| <= reach
-    y = (n * w * d + reach) / (2.0 * reach)
-    y = y[np.random.default_rng(seed).permutation(n)]
-    steps = np.arange(1, n + 1)
-    running_mean = (0.5 + np.cumsum(y)) / (steps + 1)
-    running_var = (0.25 + np.cumsum((y - running_mean) ** 2)) / (steps + 1)
-    bets = np.sqrt(2.0 * math.log(2.0 / alpha) / (n * np.concatenate([[0.25], running_var[:-1]])))
+    observed, reach, y, bets = _betting_sequence(diffs, weights, seed=seed)
+    n = y.size
     threshold = math.log(1.0 / alpha)
     zero = 0.5  # y of D = 0
     p = min(1.0, math.exp(-float(_betting_log_wealth(y, bets, np.array([zero]))[0])))

@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from shared.paired_tests import betting_interval, mcnemar_exact, mcnemar_interval
+from shared.paired_tests import betting_interval, betting_p, mcnemar_exact, mcnemar_interval
 from shared.power import POWER, detectable_betting, detectable_difference
 
 
@@ -279,24 +279,10 @@ def _examples(ids: set[str]) -> str:
     return f" (e.g. {', '.join(shown)}{', ...' if len(ids) > 3 else ''})" if ids else ""
 
 
-def compare_paired(
-    candidate: Mapping[str, float],
-    baseline: Mapping[str, float],
-    *,
-    seed: int = 0,
-    level: float = 0.95,
-    resamples: int = 10_000,
-    higher_is_better: bool = True,
-    strata: Mapping[str, str] | None = None,
-) -> PairedComparison:
-    """Compare per-item scores (item id -> score in [0, 1]) of a candidate and a baseline on the same items.
-
-    ``strata`` (item id -> subset) weighs every subset the same (``stratum_weights``); without it every item
-    weighs the same. Equal weights and outcomes all 0 or 1: McNemar's exact test and its interval
-    (``mcnemar_interval``); otherwise the betting test and its interval (``betting_interval``)."""
-    check_level(level)
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
+def _paired_items(candidate: Mapping[str, float], baseline: Mapping[str, float], strata: Mapping[str, str] | None,
+                  ) -> tuple[list[str], list[float], list[float], list[str], list[float], list[float]]:
+    """The items two sides share, checked: their ids (sorted, so nothing depends on dict order), each
+    side's scores, the subsets, the weights and the differences."""
     if candidate.keys() != baseline.keys():
         only_c, only_b = set(candidate) - set(baseline), set(baseline) - set(candidate)
         shared = len(set(candidate) & set(baseline))
@@ -315,6 +301,38 @@ def compare_paired(
     groups = [strata[i] for i in ids] if strata is not None else ["" for _ in ids]
     weights = stratum_weights(groups)
     diffs = [x - y for x, y in zip(c, b, strict=True)]
+    return ids, c, b, groups, weights, diffs
+
+
+def paired_p_value(candidate: Mapping[str, float], baseline: Mapping[str, float], *, seed: int = 0,
+                   strata: Mapping[str, str] | None = None) -> float:
+    """``compare_paired``'s two-sided p-value alone, without its interval: for a family of many
+    comparisons (the leaderboard's pairs) where only some need their intervals."""
+    _, c, b, _, weights, diffs = _paired_items(candidate, baseline, strata)
+    if all(x in (0.0, 1.0) for x in c + b) and equal_weights(weights):
+        return mcnemar_exact([x == 1.0 for x in c], [x == 1.0 for x in b]).p_value
+    return betting_p(diffs, weights, seed=seed)
+
+
+def compare_paired(
+    candidate: Mapping[str, float],
+    baseline: Mapping[str, float],
+    *,
+    seed: int = 0,
+    level: float = 0.95,
+    resamples: int = 10_000,
+    higher_is_better: bool = True,
+    strata: Mapping[str, str] | None = None,
+) -> PairedComparison:
+    """Compare per-item scores (item id -> score in [0, 1]) of a candidate and a baseline on the same items.
+
+    ``strata`` (item id -> subset) weighs every subset the same (``stratum_weights``); without it every item
+    weighs the same. Equal weights and outcomes all 0 or 1: McNemar's exact test and its interval
+    (``mcnemar_interval``); otherwise the betting test and its interval (``betting_interval``)."""
+    check_level(level)
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    ids, c, b, groups, weights, diffs = _paired_items(candidate, baseline, strata)
     n = len(ids)
     disagreement = sum(1 for x in diffs if x != 0.0) / n
     binary = all(x in (0.0, 1.0) for x in c + b)

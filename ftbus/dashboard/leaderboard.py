@@ -13,7 +13,7 @@ from typing import Any
 
 from ftbus.dashboard.views import hidden_test_scores, iso, paired_json, verdict_result
 from shared.events import BenchmarkScores, Stage
-from shared.paired import compare_scores
+from shared.paired import compare_scores, paired_p
 from shared.power import effective_items
 from shared.records import RequestRecord
 from shared.retention import rank_key
@@ -29,9 +29,15 @@ LEADERBOARD_COLUMNS = (
 )
 #: The level of every interval on the leaderboard, and the family-wise level of its standings.
 LEADERBOARD_LEVEL = 0.95
+#: The rows (best first) whose every pair is tested; each row beyond them is tested against the leader
+#: only, its other pairs counted in the family as tested and not rejected (which only makes Holm stricter).
+ALL_PAIRS_ROWS = 30
 # Paired comparisons with a leader, by (request, leader, level): both verdicts are final, so the result is too.
 _PAIRED_CACHE: dict[tuple[str, str, float], tuple[PairedComparison | None, str]] = {}
 _PAIRED_CACHE_MAX = 4096
+# The p-values of the family's pairs, by (request, request), for final verdicts.
+_P_CACHE: dict[tuple[str, str], float | None] = {}
+_P_CACHE_MAX = 65_536
 
 
 def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
@@ -60,36 +66,64 @@ def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_s
     return result
 
 
+def _pair_p(a: str, b: str, scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> float | None:
+    key = (a, b)
+    if key in _P_CACHE:
+        return _P_CACHE[key]
+    p = paired_p(scores[a], scores[b])
+    if final[a] and final[b]:
+        if len(_P_CACHE) >= _P_CACHE_MAX:
+            _P_CACHE.clear()
+        _P_CACHE[key] = p
+    return p
+
+
+def leader_levels(order: list[str], scores: dict[str, BenchmarkScores], final: dict[str, bool] | None = None,
+                  alpha: float = 1.0 - LEADERBOARD_LEVEL) -> dict[str, float]:
+    """The level at which each row's comparison with the leader (``order[0]``, the best by score) is
+    tested, for the rows that pair with it: Holm's step-down over every pair of rows (Holm 1979), so the
+    chance that any two truly tied rows are called distinguishable is at most ``alpha``, whichever row
+    the noise made the leader. (Holm over the comparisons with the leader alone did not hold it: the
+    leader is picked on the very items it is tested on; 0.11 for 10 tied rows, 0.17 for 20,
+    bench/leaderboard_rate.py.)
+
+    Every pair among the first ALL_PAIRS_ROWS rows is tested, and each later row against the leader;
+    the pairs left out count in the family as not rejected (p = 1)."""
+    final = final if final is not None else {rid: False for rid in order}
+    k = len(order)
+    top = order[:ALL_PAIRS_ROWS]
+    pairs = [(a, b) for i, a in enumerate(top) for b in top[i + 1:]] + [(order[0], b) for b in order[len(top):]]
+    tested = [(pair, p) for pair in pairs if (p := _pair_p(pair[1], pair[0], scores, final)) is not None]
+    untested = k * (k - 1) // 2 - len(pairs)  # pairs of later rows: never rejected, but in the family
+    _, levels = holm([p for _, p in tested] + [1.0] * untested, alpha)
+    return {pair[1]: level for (pair, _), level in zip(tested, levels, strict=False) if pair[0] == order[0]}
+
+
 def _mark_ties(rows: list[dict[str, Any]], scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> None:
     """Each row's standing against the board's leader (its first row), by the paired comparison on their
     shared items: ``tied`` when the two cannot be told apart, ``behind`` (or, rarely, ``ahead``) beyond
     noise, None when they cannot be paired (no per-item outcomes, other items: nothing to tell it by).
 
-    The leader is the best of several noisy scores, so the comparisons with it are one family: Holm's
-    correction keeps the chance of calling any tied row distinguishable at 1 - LEADERBOARD_LEVEL. Each
-    row's interval is at the level Holm tested it at (``vs_leader.level``), so it excludes 0 exactly
-    when the row is called distinguishable."""
+    The leader is the best of several noisy scores, so its comparisons are tested in the family of every
+    pair of rows (``leader_levels``). Each row's interval is at the level Holm tested it at
+    (``vs_leader.level``), so it excludes 0 exactly when the row is called distinguishable."""
     leader = rows[0]
     leader["standing"], leader["tie_basis"], leader["vs_leader"], leader["vs_leader_note"] = "leader", None, None, None
     lid = leader["request_id"]
-    first: dict[str, tuple[PairedComparison | None, str]] = {}
+    order = [row["request_id"] for row in rows]
+    tested_at = leader_levels(order, scores, final)
+    comparisons = len(rows) * (len(rows) - 1) // 2
     for row in rows[1:]:
         rid = row["request_id"]
-        first[rid] = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
-    family = [rid for rid, (paired, _) in first.items() if paired is not None]
-    _, levels = holm([p.p_value for rid in family if (p := first[rid][0]) is not None], 1.0 - LEADERBOARD_LEVEL)
-    tested_at = dict(zip(family, levels, strict=True))
-    for row in rows[1:]:
-        rid = row["request_id"]
-        paired, words = first[rid]
         row["vs_leader"], row["vs_leader_note"] = None, None
-        if paired is None:
+        if rid not in tested_at:
+            _, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid])
             row["standing"], row["tie_basis"], row["vs_leader_note"] = None, None, words
             continue
         paired, words = _paired_with_leader(rid, scores[rid], lid, scores[lid], final[rid] and final[lid],
                                             level=1.0 - tested_at[rid])
-        assert paired is not None  # the same two sides paired at 95% pair at any level
-        row["vs_leader"] = {**paired_json(paired), "summary": words, "comparisons": len(family)}
+        assert paired is not None  # the two paired for the p-value, so they pair at any level
+        row["vs_leader"] = {**paired_json(paired), "summary": words, "comparisons": comparisons}
         row["standing"] = {"indistinguishable": "tied", "worse": "behind", "better": "ahead"}[paired.direction]
         row["tie_basis"] = "paired"
 

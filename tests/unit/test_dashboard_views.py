@@ -381,27 +381,29 @@ def test_holm_rejects_what_closed_testing_rejects_and_its_levels_say_so() -> Non
 
 def test_the_leaderboard_corrects_its_comparisons_with_the_leader_for_multiplicity() -> None:
     """One row loses 6 discordant items to the leader and wins none: McNemar's p = 2/64 = 0.031. Alone
-    against the leader it is behind at 95%; among four comparisons with the leader, Holm tests it at
-    0.05 / 4 and it is tied, its interval (at that level) holding 0."""
+    against the leader it is behind at 95%; on a board of five rows Holm tests every one of the 10 pairs,
+    the row's four comparisons (with the leader and its three copies) all at p = 0.031, so it is tested
+    at 0.05 / 10 and tied, its interval (at that level) holding 0."""
     leader = [1.0] * 40 + [0.0] * 20
     worse = [0.0] * 6 + [1.0] * 34 + [0.0] * 20  # 6 of the leader's right items wrong
     alone = leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2)])
     (row,) = alone[0]["rows"][1:]
     assert row["standing"] == "behind" and row["vs_leader"]["p_value"] == pytest.approx(2 / 64)
     assert row["vs_leader"]["level"] == pytest.approx(0.95) and row["vs_leader"]["comparisons"] == 1
-    # Three more candidates, identical to the leader (p = 1): now four comparisons in the family.
+    # Three more candidates, identical to the leader (p = 1 with it): now 10 pairs in the family.
     copies = [itemised(f"h-copy{i}", leader, minute=3 + i) for i in range(3)]
     crowded = leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies])
     by_id = {r["request_id"]: r for r in crowded[0]["rows"]}
     shown = by_id["h-worse"]["vs_leader"]
-    assert by_id["h-worse"]["standing"] == "tied" and shown["comparisons"] == 4
-    assert shown["level"] == pytest.approx(1 - 0.05 / 4)  # the smallest p of four: Bonferroni's level
+    assert by_id["h-worse"]["standing"] == "tied" and shown["comparisons"] == 10
+    assert shown["level"] == pytest.approx(1 - 0.05 / 10)  # the smallest p of ten: Bonferroni's level
     assert shown["ci_low"] <= 0.0 <= shown["ci_high"] and shown["p_value"] == pytest.approx(2 / 64)
     assert all(by_id[f"h-copy{i}"]["standing"] == "tied" for i in range(3))
-    # Far behind stays behind whatever the family: p = 2 / 2^30, below 0.05 / 5.
+    # Far behind stays behind whatever the family: p = 2 / 2^30 against the leader and each copy, below
+    # every level Holm's first five steps of 15 pairs give.
     far = [0.0] * 30 + [1.0] * 10 + [0.0] * 20
     five = leaderboard([itemised("h-lead", leader, minute=1), itemised("h-worse", worse, minute=2), *copies,
                               itemised("h-far", far, minute=9)])
     rows = {r["request_id"]: r for r in five[0]["rows"]}
     assert rows["h-far"]["standing"] == "behind" and rows["h-far"]["vs_leader"]["ci_high"] < 0
-    assert rows["h-far"]["vs_leader"]["level"] == pytest.approx(1 - 0.05 / 5)
+    assert 1 - 0.05 / 11 - 1e-12 <= rows["h-far"]["vs_leader"]["level"] <= 1 - 0.05 / 15 + 1e-12

@@ -15,7 +15,7 @@ from shared.paired_tests import BET_TRUNCATION, betting_interval, mcnemar_exact
 from shared.statistics import ItemsDiffer, compare_paired, majority_correct, mean_stderr, pass_at_k
 
 
-def hedged_log_wealth(diffs: list[float], weights: list[float], m_d: float, *, seed: int, level: float = 0.95) -> float:
+def hedged_log_wealth(diffs: list[float], weights: list[float], m_d: float, *, seed: int) -> float:
     """Waudby-Smith and Ramdas's hedged capital, written out item by item: the largest log wealth of
     betting against a weighted mean difference of ``m_d``, the items in the order ``seed`` gives."""
     n = len(diffs)
@@ -26,7 +26,7 @@ def hedged_log_wealth(diffs: list[float], weights: list[float], m_d: float, *, s
     order = np.random.default_rng(seed).permutation(n)
     y = [y[i] for i in order]
     m = (m_d + reach) / (2 * reach)
-    alpha = 1 - level
+    alpha = 0.05  # the bets are sized for 95% whatever level is asked (BET_LEVEL)
     up = down = 1.0
     best = -math.inf
     sum_y, sum_sq, var_prev = 0.0, 0.0, 0.25
