@@ -50,6 +50,10 @@ def render_campaign(out: Console, record: CampaignRecord, as_json: bool = False)
         when = f", accepted {accepted.judged_at:%Y-%m-%d %H:%M:%S}" if accepted is not None else ""
         out.print(escape(f"incumbent: {record.incumbent}{when}"), highlight=False, soft_wrap=True)
         if len(record.incumbents) > 1:
-            out.print(escape("incumbents in order: " + " -> ".join(e.request_id for e in record.incumbents)),
+            earlier = "" if record.accepted <= len(record.incumbents) else \
+                f" (the last {len(record.incumbents)} of {record.accepted})"
+            out.print(escape(f"incumbents in order{earlier}: " + " -> ".join(e.request_id for e in record.incumbents)),
                       highlight=False, soft_wrap=True)
-    print_columns(out, HEADERS, [_row(e) for e in record.history], title=f"{len(record.history)} judged")
+    if record.judged > len(record.history):
+        out.print(f"{record.judged} judged, the last {len(record.history)} shown", highlight=False)
+    print_columns(out, HEADERS, [_row(e) for e in record.history], title=f"{record.judged} judged")

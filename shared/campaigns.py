@@ -3,7 +3,10 @@
 One record per campaign in the KV bucket ``<prefix>_campaigns`` (key: the campaign's name): the
 incumbent (the accepted request that is currently best) with its validation scores (per-item
 outcomes: what the next candidate is paired with), the online procedure's state
-(shared/online_testing.py) and the history of every candidate judged in it. Only validation data:
+(shared/online_testing.py), the counts, and the last RECENT_ENTRIES judged candidates and accepted
+ones. Every judged candidate's entry is also a key of its own, ``<name>.<request id>``, so the
+record stays the same size however many candidates a campaign judges (an agent's search is
+thousands; a record of every one passed the server's 1 MB limit near 1,000). Only validation data:
 agents may read it (`ftbus campaign NAME`).
 
 The judge reads the record, tests the candidate against the incumbent at the procedure's next
@@ -20,7 +23,7 @@ import re
 from datetime import datetime
 
 from nats.js.errors import KeyNotFoundError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.events import (
     BaselineComparison,
@@ -34,6 +37,15 @@ from shared.online_testing import PROCEDURE, OnlineState, two_sided_level
 from shared.paired import BOOTSTRAP_SEED, compare_scores, describe_with_power
 from shared.statistics import PairedComparison
 from shared.subjects import Subjects
+
+#: The judged candidates, and the accepted ones, a record keeps (the newest); each entry is also its own key.
+RECENT_ENTRIES = 100
+
+
+def entry_key(name: str, request_id: str) -> str:
+    """The key of one judged candidate's entry: two tokens, so a read of the records alone
+    (``<name>``, one token) passes over the entries."""
+    return f"{name}.{request_id}"
 
 
 def campaigns_bucket(subjects: Subjects) -> str:
@@ -96,17 +108,33 @@ class CampaignRecord(BaseModel):
     incumbent: str | None = None
     #: The incumbent's validation scores, without its error samples (model text the pairing does not need).
     incumbent_scores: BenchmarkScores | None = None
+    #: The last RECENT_ENTRIES judged candidates, oldest first (every one is its own key, ``entry_key``).
     history: list[CampaignEntry] = Field(default_factory=list)
+    #: The last RECENT_ENTRIES accepted candidates in order (the last one is the incumbent).
+    accepted_history: list[CampaignEntry] = Field(default_factory=list)
+    #: Every candidate judged in it, and every one accepted, since it began.
+    judged: int = 0
+    accepted: int = 0
     #: The bucket's revision this record was read at (0: not stored yet); not stored itself.
     revision: int = Field(default=0, exclude=True)
 
+    @model_validator(mode="after")
+    def _counted(self) -> CampaignRecord:
+        # A record from before the counts kept every entry: count them, and keep the window.
+        if self.judged == 0 and self.history:
+            self.accepted_history = [e for e in self.history if e.accepted][-RECENT_ENTRIES:]
+            self.judged, self.accepted = len(self.history), sum(e.accepted for e in self.history)
+            self.history = self.history[-RECENT_ENTRIES:]
+        return self
+
     def entry(self, request_id: str) -> CampaignEntry | None:
-        return next((e for e in self.history if e.request_id == request_id), None)
+        """This request's entry if the record still keeps it (``CampaignStore.entry`` reads any)."""
+        return next((e for e in reversed(self.history) if e.request_id == request_id), None)
 
     @property
     def incumbents(self) -> list[CampaignEntry]:
-        """The accepted candidates in order: the incumbent's history (the last one is the incumbent)."""
-        return [e for e in self.history if e.accepted]
+        """The accepted candidates in order (the last RECENT_ENTRIES; the last one is the incumbent)."""
+        return self.accepted_history
 
 
 def _check_of(record: CampaignRecord, entry: CampaignEntry) -> CampaignCheck:
@@ -115,9 +143,9 @@ def _check_of(record: CampaignRecord, entry: CampaignEntry) -> CampaignCheck:
                          better=entry.better, summary=entry.summary, accepted=entry.accepted)
 
 
-def recorded_check(record: CampaignRecord | None, request_id: str) -> CampaignCheck | None:
-    """This request's check as the campaign recorded it (a redelivered judgement), or None."""
-    entry = record.entry(request_id) if record is not None else None
+def recorded_check(record: CampaignRecord | None, entry: CampaignEntry | None) -> CampaignCheck | None:
+    """A request's check as the campaign recorded it (a redelivered judgement: ``CampaignStore.entry``),
+    or None."""
     return _check_of(record, entry) if record is not None and entry is not None else None
 
 
@@ -170,9 +198,13 @@ def record_after(record: CampaignRecord | None, request_id: str, task: TaskSpec,
                else CampaignRecord(name=task.campaign, benchmark=task.benchmark, base_model=task.base_model,
                                    owner=owner))
     updated.revision = record.revision if record is not None else 0
-    updated.history.append(CampaignEntry(request_id=request_id, index=check.index, level=check.level,
-                                         incumbent=check.incumbent, paired=check.paired, better=check.better,
-                                         accepted=check.accepted, summary=check.summary))
+    entry = CampaignEntry(request_id=request_id, index=check.index, level=check.level, incumbent=check.incumbent,
+                          paired=check.paired, better=check.better, accepted=check.accepted, summary=check.summary)
+    updated.history = [*updated.history, entry][-RECENT_ENTRIES:]
+    updated.judged += 1
+    if check.accepted:
+        updated.accepted_history = [*updated.accepted_history, entry][-RECENT_ENTRIES:]
+        updated.accepted += 1
     if check.index is not None:
         updated.state = updated.state.after(accepted=check.accepted)
     if check.accepted:
@@ -204,14 +236,32 @@ class CampaignStore:
         record.revision = entry.revision
         return record
 
+    async def entry(self, record: CampaignRecord | None, request_id: str) -> CampaignEntry | None:
+        """This request's entry in the campaign: from the record while it keeps it, else its own key."""
+        if record is None:
+            return None
+        kept = record.entry(request_id)
+        if kept is not None:
+            return kept
+        try:
+            found = await (await self._kv()).get(entry_key(record.name, request_id))  # type: ignore[attr-defined]
+        except KeyNotFoundError:
+            return None
+        return CampaignEntry.model_validate_json(found.value) if found.value else None
+
     async def put(self, record: CampaignRecord) -> CampaignRecord:
         """Write ``record`` if the stored one is still at ``record.revision`` (0: none stored); raise
-        :class:`CampaignConflict` otherwise. Returns the record with its new revision."""
+        :class:`CampaignConflict` otherwise; then its newest entry under its own key (the record is the
+        commit: a redelivery before that second write finds the entry in the record). Returns the
+        record with its new revision."""
+        kv = await self._kv()
         try:
-            revision = await write_at(await self._kv(), record.name, record.model_dump_json().encode(),
-                                      record.revision)
+            revision = await write_at(kv, record.name, record.model_dump_json().encode(), record.revision)
         except RevisionConflict as exc:
             raise CampaignConflict(record.name) from exc
+        if record.history:
+            newest = record.history[-1]
+            await kv.put(entry_key(record.name, newest.request_id), newest.model_dump_json().encode())  # type: ignore[attr-defined]
         stored = record.model_copy()
         stored.revision = revision
         return stored

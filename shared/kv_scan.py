@@ -51,10 +51,12 @@ class BucketWatch:
     a bucket that keeps one revision per key holds nothing older of them, so that is each such
     key's latest change, and the snapshot is what was written since."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, *, meta_only: bool = False, since: int | None = None) -> None:
+    def __init__(self, js: JetStreamContext, bucket: str, *, meta_only: bool = False, since: int | None = None,
+                 keys: str = ">") -> None:
         self.js = js
         self.bucket = bucket
         self.prefix = f"$KV.{bucket}."
+        self.keys = keys  # a subject filter on the keys: ">" every key, "*" the keys of one token
         self.meta_only = meta_only
         self.since = since
         self._sub: JetStreamContext.PushSubscription | None = None
@@ -64,7 +66,7 @@ class BucketWatch:
     async def __aenter__(self) -> BucketWatch:
         since = self.since is not None and self.since > 1
         self._sub = await self.js.subscribe(
-            self.prefix + ">",
+            self.prefix + self.keys,
             stream=f"KV_{self.bucket}",
             config=api.ConsumerConfig(opt_start_seq=self.since) if since else None,
             ordered_consumer=True,
@@ -123,12 +125,12 @@ class BucketWatch:
 
 
 async def latest(js: JetStreamContext, bucket: str, *, meta_only: bool = False,
-                 timeout_s: float = 10.0) -> list[KeyChange]:
+                 timeout_s: float = 10.0, keys: str = ">") -> list[KeyChange]:
     """Every key of ``bucket`` that holds a value now, with its latest value (only its headers with
     ``meta_only``), in stream order, read in one pass (no request per key); ``[]`` for an empty
     bucket. ``timeout_s`` bounds each wait for the server's next message."""
     changes: list[KeyChange] = []
-    async with BucketWatch(js, bucket, meta_only=meta_only) as watch:
+    async with BucketWatch(js, bucket, meta_only=meta_only, keys=keys) as watch:
         while (change := await watch.next(timeout_s)) is not None:
             if not change.removed:
                 changes.append(change)

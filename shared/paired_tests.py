@@ -143,8 +143,10 @@ def _holding_zero(low: float, high: float) -> tuple[float, float]:
 #: levels, a campaign's). Sized for another level, a bet is still a bet: only the power moves.
 BET_LEVEL = 0.95
 #: How far a bet may go: a share of what the wealth could lose on the worst outcome (Waudby-Smith and
-#: Ramdas's c; 1/2 or 3/4 in their paper). 3/4 measured the narrower intervals on the coverage grid.
-BET_TRUNCATION = 0.75
+#: Ramdas's c; 1/2 or 3/4 in their paper). Any c < 1 keeps the test valid; on the coverage grid 0.9 gave
+#: intervals as narrow or narrower than 3/4 in every cell (tiny-arith's 10 + 6 items: 0.65 wide against
+#: 0.73), and 12 clean wins of 16 p = 0.008 against 0.016.
+BET_TRUNCATION = 0.9
 
 
 def _betting_log_wealth(y: np.ndarray, bets: np.ndarray, m: np.ndarray) -> np.ndarray:

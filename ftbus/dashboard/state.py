@@ -381,7 +381,8 @@ class DashboardState:
 
     async def campaigns(self) -> list[CampaignRecord]:
         """Every campaign, read from KV ftbus_campaigns in one pass when a page asks (a handful of records,
-        changed only by the judge); a record that does not decode is left out, with a warning."""
+        changed only by the judge; the keys of one token, so not the judged candidates' entries,
+        ``<name>.<request id>``); a record that does not decode is left out, with a warning."""
         assert self.bus is not None
         bucket = self.bus.subjects.kv_campaigns
         try:
@@ -389,7 +390,7 @@ class DashboardState:
         except BucketNotFoundError:
             return []  # no ftbus process has created the topology with campaigns yet
         found = []
-        for change in await latest(self.bus.js, bucket):
+        for change in await latest(self.bus.js, bucket, keys="*"):
             try:
                 found.append(CampaignRecord.model_validate_json(change.value or b""))
             except ValueError as exc:

@@ -410,15 +410,16 @@ def _campaign_check_json(check: CampaignCheck | None) -> dict[str, Any] | None:
 def campaign_rows(campaigns: Iterable[CampaignRecord]) -> list[dict[str, Any]]:
     """The campaigns page: one row per campaign, the most recently judged first."""
     rows = [{"name": c.name, "benchmark": c.benchmark, "base_model": c.base_model, "incumbent": c.incumbent,
-             "incumbents": len(c.incumbents), "judged": len(c.history), "tested": c.state.tests,
+             "incumbents": c.accepted, "judged": c.judged, "tested": c.state.tests,
              "next_level": c.state.next_level(), "created_at": iso(c.created_at), "updated_at": iso(c.updated_at)}
             for c in campaigns]
     return sorted(rows, key=lambda r: (r["updated_at"] or "", r["name"]), reverse=True)
 
 
 def campaign_detail(campaign: CampaignRecord) -> dict[str, Any]:
-    """One campaign: its incumbent, the incumbents in order, and every judged candidate with what it was
-    compared with (the incumbent of its moment, or the base model), at which level, and the decision."""
+    """One campaign: its incumbent, the incumbents in order, and its last judged candidates (the record
+    keeps RECENT_ENTRIES) with what each was compared with (the incumbent of its moment, or the base
+    model), at which level, and the decision."""
     return {
         **campaign_rows([campaign])[0],
         "procedure": campaign.procedure,

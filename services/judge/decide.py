@@ -323,7 +323,7 @@ async def _judge_in_campaign(facts: JudgeFacts, written: Written, settings: Sett
     assert name is not None
     for _ in range(CAMPAIGN_ATTEMPTS):
         record = await campaigns.get(name)
-        recorded = recorded_check(record, event.request_id)
+        recorded = recorded_check(record, await campaigns.entry(record, event.request_id))
         if recorded is not None:
             # A redelivery after the record was written: later candidates were compared with what the
             # record says, so its decision stands (only the LLM's vote could differ on a second asking).

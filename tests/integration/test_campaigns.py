@@ -70,8 +70,13 @@ async def test_a_campaign_keeps_its_incumbent_and_refuses_what_does_not_beat_it(
         assert sorted([copy["result"]["campaign"]["index"], weaker["result"]["campaign"]["index"]]) == [3, 4]
     assert copy["result"]["campaign"]["summary"].startswith(f"not distinguishable from the incumbent {incumbent}")
     assert f"not distinguishable from the incumbent {incumbent}" in copy["return_checking"]
-    assert weaker["result"]["campaign"]["summary"].startswith(f"worse than the incumbent {incumbent} by -")
-    assert f"worse than the incumbent {incumbent}" in weaker["return_checking"]
+    # A third of 16 items right against all of them: refused. On 16 items the betting test (valid for any
+    # shape of differences) does not reach "worse" at the campaign's small level; it names the incumbent.
+    summary = weaker["result"]["campaign"]["summary"]
+    assert summary.startswith((f"worse than the incumbent {incumbent} by -",
+                               f"not distinguishable from the incumbent {incumbent} (difference -")), summary
+    assert not weaker["result"]["campaign"]["accepted"]
+    assert f"the incumbent {incumbent}" in weaker["return_checking"]
 
     # 4. `ftbus campaign NAME`: the incumbent and its history, in words and as JSON.
     code, out, err = await run_ftbus(settings, "campaign", name, "--json")

@@ -278,3 +278,43 @@ async def test_the_dashboard_shows_campaigns_and_each_requests_comparison_with_i
                                               task=judged.context.task, judge=judged))
     assert page["campaign"]["campaign"] == "c1" and page["campaign"]["incumbent"] == "lora-3"
     assert not page["campaign"]["accepted"] and page["campaign"]["summary"].startswith("worse than the incumbent")
+
+
+async def test_the_record_stays_one_size_however_many_candidates_it_judges(
+        settings: Settings, store: CampaignStore) -> None:
+    from shared.campaigns import RECENT_ENTRIES, entry_key
+
+    await run(candidate("lora-0", 40), settings, store)
+    first = await store.get("c1")
+    assert first is not None
+    sizes = []
+    for i in range(1, RECENT_ENTRIES + 60):
+        await run(candidate(f"tie-{i}", 40), settings, store)  # a copy of the incumbent: refused
+        if i >= RECENT_ENTRIES:
+            record = await store.get("c1")
+            assert record is not None
+            sizes.append(len(record.model_dump_json()))
+    record = await store.get("c1")
+    assert record is not None and (record.judged, record.accepted) == (RECENT_ENTRIES + 60, 1)
+    assert len(record.history) == RECENT_ENTRIES and record.history[-1].request_id == f"tie-{RECENT_ENTRIES + 59}"
+    assert max(sizes) - min(sizes) < 200, sizes  # timestamps and ids change its size by a few bytes, no more
+    assert record.incumbent == "lora-0" and [e.request_id for e in record.incumbents] == ["lora-0"]
+    # An entry the record no longer keeps is its own key: a redelivered judgement of it finds its decision.
+    assert record.entry("tie-1") is None
+    kept = await store.entry(record, "tie-1")
+    assert kept is not None and kept.request_id == "tie-1" and not kept.accepted
+    kv = await store.bus.kv(campaigns_bucket(store.bus.subjects))
+    assert (await kv.get(entry_key("c1", "tie-1"))).value
+    again = await run(candidate("tie-1", 40), settings, store)
+    assert again.result.campaign is not None and again.result.campaign.index == kept.index
+    assert (await store.get("c1")).judged == RECENT_ENTRIES + 60  # nothing judged twice
+
+
+def test_a_record_from_before_the_counts_keeps_its_window_and_counts_its_entries() -> None:
+    from shared.campaigns import RECENT_ENTRIES, CampaignEntry
+
+    history = [CampaignEntry(request_id=f"r{i}", accepted=i in (3, 120), summary="s").model_dump(mode="json")
+               for i in range(RECENT_ENTRIES + 50)]
+    old = CampaignRecord.model_validate({"name": "old", "benchmark": "b", "base_model": "m", "history": history})
+    assert (old.judged, old.accepted) == (RECENT_ENTRIES + 50, 2)
+    assert len(old.history) == RECENT_ENTRIES and [e.request_id for e in old.incumbents] == ["r3", "r120"]
