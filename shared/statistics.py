@@ -95,9 +95,6 @@ def majority_correct(runs: Sequence[tuple[str | None, bool]]) -> bool:
 
 # ---------------------------------------------------------------- the estimand and its weights
 
-#: The sign-flip test draws at least this many times 1 / (1 - level) patterns, so that the p-values it
-#: can give resolve the threshold they are compared with.
-RESOLVING_HITS = 20
 #: Fewer items than this and a comparison says "too few items to say" instead of a verdict.
 MIN_ITEMS = 10
 #: The lowest confidence level a comparison may be made at: below it noise passes for an improvement
