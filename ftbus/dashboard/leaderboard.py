@@ -35,9 +35,6 @@ ALL_PAIRS_ROWS = 30
 # Paired comparisons with a leader, by (request, leader, level): both verdicts are final, so the result is too.
 _PAIRED_CACHE: dict[tuple[str, str, float], tuple[PairedComparison | None, str]] = {}
 _PAIRED_CACHE_MAX = 4096
-# The p-values of the family's pairs, by (request, request), for final verdicts.
-_P_CACHE: dict[tuple[str, str], float | None] = {}
-_P_CACHE_MAX = 65_536
 
 
 def _own_interval(scores: BenchmarkScores) -> tuple[float, float] | None:
@@ -66,19 +63,7 @@ def _paired_with_leader(rid: str, scores: BenchmarkScores, leader: str, leader_s
     return result
 
 
-def _pair_p(a: str, b: str, scores: dict[str, BenchmarkScores], final: dict[str, bool]) -> float | None:
-    key = (a, b)
-    if key in _P_CACHE:
-        return _P_CACHE[key]
-    p = paired_p(scores[a], scores[b])
-    if final[a] and final[b]:
-        if len(_P_CACHE) >= _P_CACHE_MAX:
-            _P_CACHE.clear()
-        _P_CACHE[key] = p
-    return p
-
-
-def leader_levels(order: list[str], scores: dict[str, BenchmarkScores], final: dict[str, bool] | None = None,
+def leader_levels(order: list[str], scores: dict[str, BenchmarkScores],
                   alpha: float = 1.0 - LEADERBOARD_LEVEL) -> dict[str, float]:
     """The level at which each row's comparison with the leader (``order[0]``, the best by score) is
     tested, for the rows that pair with it: Holm's step-down over every pair of rows (Holm 1979), so the
@@ -89,11 +74,10 @@ def leader_levels(order: list[str], scores: dict[str, BenchmarkScores], final: d
 
     Every pair among the first ALL_PAIRS_ROWS rows is tested, and each later row against the leader;
     the pairs left out count in the family as not rejected (p = 1)."""
-    final = final if final is not None else {rid: False for rid in order}
     k = len(order)
     top = order[:ALL_PAIRS_ROWS]
     pairs = [(a, b) for i, a in enumerate(top) for b in top[i + 1:]] + [(order[0], b) for b in order[len(top):]]
-    tested = [(pair, p) for pair in pairs if (p := _pair_p(pair[1], pair[0], scores, final)) is not None]
+    tested = [(pair, p) for pair in pairs if (p := paired_p(scores[pair[1]], scores[pair[0]])) is not None]
     untested = k * (k - 1) // 2 - len(pairs)  # pairs of later rows: never rejected, but in the family
     _, levels = holm([p for _, p in tested] + [1.0] * untested, alpha)
     return {pair[1]: level for (pair, _), level in zip(tested, levels, strict=False) if pair[0] == order[0]}
@@ -111,7 +95,7 @@ def _mark_ties(rows: list[dict[str, Any]], scores: dict[str, BenchmarkScores], f
     leader["standing"], leader["tie_basis"], leader["vs_leader"], leader["vs_leader_note"] = "leader", None, None, None
     lid = leader["request_id"]
     order = [row["request_id"] for row in rows]
-    tested_at = leader_levels(order, scores, final)
+    tested_at = leader_levels(order, scores)
     comparisons = len(rows) * (len(rows) - 1) // 2
     for row in rows[1:]:
         rid = row["request_id"]
