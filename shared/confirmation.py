@@ -42,7 +42,7 @@ FUTILITY_AFTER = 128
 #: The most pool items one confirmation draws.
 BUDGET = 1_000
 
-Stop = Literal["confirmed", "futile", "budget", "pool exhausted", "going on"]
+Stop = Literal["confirmed", "futile", "budget", "pool exhausted", "candidate failed", "going on"]
 
 
 def log_wealth(diffs: Sequence[float] | np.ndarray) -> np.ndarray:

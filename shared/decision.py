@@ -69,6 +69,13 @@ POLICY_MEANING: dict[str, str] = {
 }
 
 
+class CandidateFailedOnPool(RuntimeError):
+    """The candidate's own run on pool items failed (it timed out, its engine exited with an error, its
+    output could not be read): raised by a ``Pool``'s ``differences``. The decision reads it as "not
+    confirmed", at the level's cost, and tells the owner no more than that (the module's point 3: how a
+    model fails on hidden items is information about them)."""
+
+
 class Pool(Protocol):
     """The hidden confirmation pool of one benchmark, as a decision sees it."""
 
@@ -77,7 +84,8 @@ class Pool(Protocol):
 
     def differences(self, start: int, stop: int) -> Sequence[float]:
         """The candidate's score minus the reference's on pool items [start, stop) in the pool's hidden
-        order (fewer at the pool's end): the stage that serves it scores both on those items."""
+        order (fewer at the pool's end): the stage that serves it scores both on those items. Raises
+        ``CandidateFailedOnPool`` where the candidate's run on them failed."""
         ...
 
 
@@ -127,6 +135,9 @@ class Decision(BaseModel):
     estimate_high: float | None = None
     #: Why the pool could not confirm (too small for the level, none at all); None otherwise.
     pool_note: str | None = None
+    #: Why the candidate's run on pool items failed, for the operator only: the owner reads
+    #: "not confirmed", as for any confirmation that did not reach its level.
+    pool_failure: str | None = None
     owner_after: OwnerState
 
     @property
@@ -202,18 +213,27 @@ def decide(candidate: Mapping[str, float], reference: Mapping[str, float], owner
                         **common, summary=f"not confirmed: {note}; on validation {difference:+.3f}, p = {p:.2g}")
     drawn: list[float] = []
     result = confirm([], level)
+    failure = None
     while result.stop == "going on":
         stop = min(start + len(drawn) + BATCH, start + BUDGET, pool.size)
-        batch = list(pool.differences(start + len(drawn), stop))
+        try:
+            batch = list(pool.differences(start + len(drawn), stop))
+        except CandidateFailedOnPool as exc:
+            # Not confirmed, and the level is spent: a failure is one of the owner's outcomes, and it
+            # depends on the hidden items as much as a futile test does.
+            failure = str(exc)
+            result = result.model_copy(update={"stop": "candidate failed"})
+            break
         drawn.extend(batch)
         result = confirm(drawn, level, pool_left=bool(batch) and start + len(drawn) < pool.size)
     used = result.items
     after = owner.model_copy(update={"confirmations": owner.confirmations + 1,
                                      "carried": level if result.confirmed else 0.0})
     if not result.confirmed:
-        # No pool number goes back to the owner: one bit per confirmation (the module's point 3).
+        # No pool number goes back to the owner: one bit per confirmation (the module's point 3). The
+        # words are the same whether the test did not reach its level or the candidate's run failed.
         return Decision(answer="indistinguishable", screen_p=p, screened=True, confirmation=result, pool_items=used,
-                        owner_after=after, **common,
+                        owner_after=after, pool_failure=failure, **common,
                         summary=(f"not confirmed on the hidden pool at level {level:.3g} (screened in on "
                                  f"validation: {difference:+.3f}, p = {p:.2g})"))
     est_start = start + used

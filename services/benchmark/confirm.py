@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from evaluation.registry import BenchmarkItem, BenchmarkSpec
 from evaluation.splits import SplitManifest, pool_batch, pool_order
 from shared.confirmation import BATCH
-from shared.decision import Decision, OwnerState, decide
+from shared.decision import CandidateFailedOnPool, Decision, OwnerState, decide
 from shared.events import BenchmarkScores, BenchResult, DecisionView, TrainResult
 from shared.handling import Outgoing, StageContext
 from shared.logs import get_logger
@@ -35,7 +35,8 @@ REFERENCE = "the base model"
 
 
 class PoolRunFailed(RuntimeError):
-    """A pool run failed: the decision cannot be made now (an infrastructure error: retried)."""
+    """The base model's pool run failed, or a run left items unscored: the decision cannot be made now
+    (an infrastructure error: retried). The candidate's own failed run is CandidateFailedOnPool."""
 
 
 def item_scores(scores: BenchmarkScores) -> dict[str, float]:
@@ -87,8 +88,11 @@ class StagePool:
 
     async def _scores(self, manifest: SplitManifest, *, base: bool, label: str) -> dict[str, float]:
         scores = await self.score_items(manifest, base, label)
+        if scores is None and not base:
+            # The candidate ran on validation, so what failed here is its run on hidden items.
+            raise CandidateFailedOnPool(f"the candidate's run {label} on the confirmation pool failed")
         if scores is None:
-            raise PoolRunFailed(f"the confirmation pool's run {label} failed")
+            raise PoolRunFailed(f"the base model's run {label} on the confirmation pool failed")
         scored = item_scores(scores)
         missing = [k for s, ids in manifest.item_ids.items() for i in ids if (k := f"{s}/{i}") not in scored]
         if missing:
@@ -152,7 +156,7 @@ async def decide_on_pool(
                 continue
         await private_put(decision.model_dump_json(indent=1).encode())
         log.info("decided", answer=decision.answer, owner=owner, screened=decision.screened,
-                 pool_items=decision.pool_items, level=level)
+                 pool_items=decision.pool_items, level=level, pool_failure=decision.pool_failure)
         return view(decision, owner, level)
     raise RuntimeError(f"owner {owner}: {OWNER_ATTEMPTS} concurrent confirmations won its state's compare-and-set")
 

@@ -43,13 +43,14 @@ def _number(item: str) -> int:
 class Runs:
     """What the stage would run: the candidate right on every second item, the base model every fourth."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: str | None = None) -> None:
         self.jobs: list[tuple[str, bool, int]] = []
+        #: Whose pool runs fail: "base", "candidate" or nobody's.
         self.fail = fail
 
     async def __call__(self, manifest: SplitManifest, base: bool, label: str) -> BenchmarkScores | None:
         self.jobs.append((label, base, sum(len(v) for v in manifest.item_ids.values())))
-        if self.fail and not base:
+        if self.fail == ("base" if base else "candidate"):
             return None
         every = 4 if base else 2
         return _scores(manifest, lambda s, i: _number(i) % every == 0)
@@ -125,7 +126,8 @@ async def test_a_lost_compare_and_set_decides_again_at_the_owners_state_as_it_is
     assert [label for label, base_job, _ in runs.jobs if base_job] == ["baseline-pool"]
 
 
-async def test_a_failed_pool_run_is_an_infrastructure_error_and_spends_nothing(tmp_path: Path, bus: MemoryBus) -> None:
+async def test_the_base_models_failed_pool_run_is_an_infrastructure_error_and_spends_nothing(
+        tmp_path: Path, bus: MemoryBus) -> None:
     spec = load_benchmark(_benchmark(tmp_path), "pooled")
     validation = make_split(spec, "validation")
     candidate = _scores(validation, lambda s, i: _number(i) % 2 == 0)
@@ -136,9 +138,36 @@ async def test_a_failed_pool_run_is_an_infrastructure_error_and_spends_nothing(t
 
     with pytest.raises(PoolRunFailed):
         await decide_on_pool(bus=bus, spec=spec, max_items=100, candidate=candidate, baseline=base,
-                             owner="carol", score_items=Runs(fail=True), private_put=keep)
+                             owner="carol", score_items=Runs(fail="base"), private_put=keep)
     state, revision = await OwnerStore(bus).get("carol")
     assert revision == 0 and state.confirmations == 0
+
+
+async def test_the_candidates_failed_pool_run_reads_not_confirmed_spends_the_level_and_says_why_privately(
+        tmp_path: Path, bus: MemoryBus) -> None:
+    """A candidate that ran on validation but fails on hidden items (a timeout, a crash) is not confirmed.
+    Its owner reads the same words as for any confirmation that did not reach its level (how a model
+    fails on hidden items is information about them); the operator's private record says why."""
+    spec = load_benchmark(_benchmark(tmp_path), "pooled")
+    validation = make_split(spec, "validation")
+    candidate = _scores(validation, lambda s, i: _number(i) % 2 == 0)
+    base = _scores(validation, lambda s, i: _number(i) % 4 == 0)
+    kept: list[bytes] = []
+
+    async def keep(data: bytes) -> None:
+        kept.append(data)
+
+    view = await decide_on_pool(bus=bus, spec=spec, max_items=100, candidate=candidate, baseline=base,
+                                owner="carol", score_items=Runs(fail="candidate"), private_put=keep)
+    assert view.answer == "indistinguishable" and view.screened
+    assert view.summary.startswith("not confirmed on the hidden pool at level ")
+    assert view.pool_note is None and view.estimate is None and view.pool_items is None
+    assert "fail" not in view.model_dump_json()
+    state, revision = await OwnerStore(bus).get("carol")
+    assert revision == 1 and state.confirmations == 1 and state.accepted == 0 and state.carried == 0.0
+    private = json.loads(kept[-1])
+    assert private["pool_failure"].startswith("the candidate's run pool-00000-")
+    assert private["confirmation"]["stop"] == "candidate failed"
 
 
 async def test_a_candidate_the_screen_refuses_costs_no_pool_item_and_no_owner_read(tmp_path: Path) -> None:
