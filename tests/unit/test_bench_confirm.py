@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.registry import load_benchmark
+from evaluation.registry import BenchmarkSpec, load_benchmark
 from evaluation.splits import SplitManifest, make_split, pool_order
 from services.benchmark.confirm import PoolRunFailed, decide_on_pool
 from shared.decision import OwnerState
@@ -56,6 +56,14 @@ class Runs:
         return _scores(manifest, lambda s, i: _number(i) % every == 0)
 
 
+def _validation_pair(root: Path) -> tuple[BenchmarkSpec, BenchmarkScores, BenchmarkScores]:
+    """The pooled benchmark, and validation scores: the candidate right on every second item, the base every fourth."""
+    spec = load_benchmark(_benchmark(root), "pooled")
+    validation = make_split(spec, "validation")
+    return (spec, _scores(validation, lambda s, i: _number(i) % 2 == 0),
+            _scores(validation, lambda s, i: _number(i) % 4 == 0))
+
+
 @pytest.fixture
 def bus(tmp_path: Path) -> MemoryBus:
     return MemoryBus(memory_settings(tmp_path))
@@ -63,10 +71,7 @@ def bus(tmp_path: Path) -> MemoryBus:
 
 async def test_a_better_candidate_is_confirmed_with_few_jobs_and_its_owner_state_recorded(
         tmp_path: Path, bus: MemoryBus) -> None:
-    spec = load_benchmark(_benchmark(tmp_path), "pooled")
-    validation = make_split(spec, "validation")
-    candidate = _scores(validation, lambda s, i: _number(i) % 2 == 0)
-    base = _scores(validation, lambda s, i: _number(i) % 4 == 0)
+    spec, candidate, base = _validation_pair(tmp_path)
     kept: list[bytes] = []
 
     async def keep(data: bytes) -> None:
@@ -95,10 +100,7 @@ async def test_a_better_candidate_is_confirmed_with_few_jobs_and_its_owner_state
 
 async def test_a_lost_compare_and_set_decides_again_at_the_owners_state_as_it_is_now(
         tmp_path: Path, bus: MemoryBus, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = load_benchmark(_benchmark(tmp_path), "pooled")
-    validation = make_split(spec, "validation")
-    candidate = _scores(validation, lambda s, i: _number(i) % 2 == 0)
-    base = _scores(validation, lambda s, i: _number(i) % 4 == 0)
+    spec, candidate, base = _validation_pair(tmp_path)
     runs = Runs()
     original = OwnerStore.get
     reads = 0
@@ -128,10 +130,7 @@ async def test_a_lost_compare_and_set_decides_again_at_the_owners_state_as_it_is
 
 async def test_the_base_models_failed_pool_run_is_an_infrastructure_error_and_spends_nothing(
         tmp_path: Path, bus: MemoryBus) -> None:
-    spec = load_benchmark(_benchmark(tmp_path), "pooled")
-    validation = make_split(spec, "validation")
-    candidate = _scores(validation, lambda s, i: _number(i) % 2 == 0)
-    base = _scores(validation, lambda s, i: _number(i) % 4 == 0)
+    spec, candidate, base = _validation_pair(tmp_path)
 
     async def keep(data: bytes) -> None:
         return None
@@ -148,10 +147,7 @@ async def test_the_candidates_failed_pool_run_reads_not_confirmed_spends_the_lev
     """A candidate that ran on validation but fails on hidden items (a timeout, a crash) is not confirmed.
     Its owner reads the same words as for any confirmation that did not reach its level (how a model
     fails on hidden items is information about them); the operator's private record says why."""
-    spec = load_benchmark(_benchmark(tmp_path), "pooled")
-    validation = make_split(spec, "validation")
-    candidate = _scores(validation, lambda s, i: _number(i) % 2 == 0)
-    base = _scores(validation, lambda s, i: _number(i) % 4 == 0)
+    spec, candidate, base = _validation_pair(tmp_path)
     kept: list[bytes] = []
 
     async def keep(data: bytes) -> None:
