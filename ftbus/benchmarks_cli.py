@@ -15,6 +15,8 @@ from rich.markup import escape
 from evaluation.catalogue import CATALOGUE
 from evaluation.importer import BenchmarkImportError, import_benchmark, list_benchmarks
 from ftbus.cli_common import FlagCommand, Output, WorkflowGroup, console, plain_columns
+from shared.confirmation import POWER_DIFFERING, POWER_GAIN, pool_power
+from shared.decision import OwnerState
 from shared.power import DISAGREEMENTS, POWER, detectable_for_sizes, effective_items
 from shared.settings import Settings
 
@@ -74,18 +76,30 @@ def benchmarks_import(
 
 
 COLUMNS = ("benchmark", "version", "scorer", "primary", "runs", "subsets", "items", "validation", "stderr<=", "test",
-           "pool", "detectable", "protocols", "source")
+           "pool", "confirms", "detectable", "protocols", "source")
 POWER_NOTE = ("detectable: the smallest improvement the paired comparison on the validation items finds at "
               f"{POWER:.0%} power (95%, McNemar's exact test, subsets weighing the same), if "
               f"{'/'.join(f'{d:.0%}' for d in DISAGREEMENTS)} of the items differ between the two models; "
-              "'none': not even a model better on every differing item would be found")
+              "'none': not even a model better on every differing item would be found; confirms: the chance "
+              f"that the hidden pool confirms a real +{POWER_GAIN:.2f} gain (differing on {POWER_DIFFERING:.0%} of "
+              "the items) at a new owner's first level (0 with no pool, or one too small for that level)")
 
 
 def power_of(info: object) -> dict[str, object]:
-    """What a comparison on the benchmark's default validation split can detect (the JSON's "power")."""
+    """What a comparison on the benchmark's default validation split can detect, and what its hidden
+    pool can confirm (the JSON's "power")."""
     sizes = [s["validation"] for s in info.subsets.values()]  # type: ignore[attr-defined]
     return {"validation_items": sum(sizes), "effective_items": effective_items(sizes), "level": 0.95,
-            "power": POWER, "detectable": {f"{d:g}": detectable_for_sizes(sizes, d) for d in DISAGREEMENTS}}
+            "power": POWER, "detectable": {f"{d:g}": detectable_for_sizes(sizes, d) for d in DISAGREEMENTS},
+            "pool_confirms": pool_confirms(sum(s.get("pool", 0) for s in info.subsets.values()))}  # type: ignore[attr-defined]
+
+
+def pool_confirms(pool_items: int) -> dict[str, float]:
+    """The chance that a new owner's first confirmation on this pool confirms a real +0.10 gain (a
+    candidate differing from the base model on 20% of the items): shared/confirmation.py's pool_power."""
+    level = OwnerState(owner="new").next_level()
+    return {"level": level, "gain": POWER_GAIN, "differing": POWER_DIFFERING,
+            "chance": pool_power(pool_items, level)}
 
 
 def _detectable(info: object) -> str:
@@ -107,7 +121,9 @@ def _rows(infos: list, wide: bool) -> list[list[str]]:  # type: ignore[type-arg]
                      f"{info.validation_stderr_max:.3f}" if info.validation_stderr_max is not None else "",
                      str(sum(s["test"] for s in subsets.values())),
                      # The hidden confirmation pool: 0 means nothing can be confirmed better on it.
-                     str(sum(s.get("pool", 0) for s in subsets.values())), _detectable(info), ",".join(info.protocols),
+                     str(pool := sum(s.get("pool", 0) for s in subsets.values())),
+                     f"{pool_confirms(pool)['chance']:.2f}",
+                     _detectable(info), ",".join(info.protocols),
                      info.source])
     return rows
 
@@ -122,7 +138,9 @@ def benchmarks_ls(
 ) -> None:
     """Each benchmark: version, scorer, primary metric (of the validation protocol), runs per item, items per
     subset, split sizes (validation, hidden test, hidden confirmation pool: with no pool, nothing can be
-    confirmed better under the default judge_policy), the validation score's largest standard error
+    confirmed better under the default judge_policy), the chance that the pool confirms a real +0.10
+    gain at a new owner's first level (0.0304; a candidate that differs from the base model on 20% of
+    the items), the validation score's largest standard error
     (0.5/sqrt(items)), the smallest improvement its validation split can detect at 80% power (if 10%,
     20% or 30% of the items differ between the candidate and what it is compared with), its protocols.
 

@@ -119,3 +119,25 @@ def largest_possible_wealth(items: int) -> float:
     """The log-wealth a pool of ``items`` items reaches at best (every difference +1, the bets growing
     from 0): whether a pool that small can confirm anything at a level."""
     return float(log_wealth(np.ones(items)).max()) if items else 0.0
+
+
+#: The candidate a pool's power is stated for: it gains POWER_GAIN over its reference and differs from
+#: it on POWER_DIFFERING of the items (bench/search_power.py's real candidates).
+POWER_GAIN = 0.10
+POWER_DIFFERING = 0.20
+
+
+def pool_power(items: int, level: float, *, gain: float = POWER_GAIN, differing: float = POWER_DIFFERING,
+               runs: int = 400, seed: int = 0) -> float:
+    """The chance that a confirmation on ``items`` pool items (at most BUDGET are drawn) confirms, at
+    ``level``, a candidate that truly gains ``gain`` and differs from its reference on ``differing`` of
+    the items (right where the reference is wrong on (differing + gain) / 2 of them): seeded simulation
+    of ``confirm`` itself, so the statement a verdict makes is the test's own."""
+    items = min(items, BUDGET)
+    if items <= 0 or largest_possible_wealth(items) < math.log(1.0 / level):
+        return 0.0
+    rng = np.random.default_rng(seed)
+    up, down = (differing + gain) / 2, (differing - gain) / 2
+    draws = rng.random((runs, items))
+    diffs = np.where(draws < up, 1.0, np.where(draws < up + down, -1.0, 0.0))
+    return float(np.mean([confirm(d, level, pool_left=False).confirmed for d in diffs]))

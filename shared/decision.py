@@ -40,7 +40,15 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.confirmation import BATCH, BUDGET, Confirmation, confirm, largest_possible_wealth
+from shared.confirmation import (
+    BATCH,
+    BUDGET,
+    POWER_GAIN,
+    Confirmation,
+    confirm,
+    largest_possible_wealth,
+    pool_power,
+)
 from shared.online_testing import gamma
 from shared.paired_tests import betting_interval, upper_tail
 from shared.statistics import MIN_ITEMS, equal_weights, stratum_weights
@@ -211,6 +219,13 @@ def decide(candidate: Mapping[str, float], reference: Mapping[str, float], owner
                 f"level {level:.3g} even if the candidate won every one")
         return Decision(answer="indistinguishable", screen_p=p, screened=True, owner_after=owner, pool_note=note,
                         **common, summary=f"not confirmed: {note}; on validation {difference:+.3f}, p = {p:.2g}")
+    power_note = None
+    if left < BUDGET:
+        # A pool smaller than one confirmation's budget: the verdict states what it can confirm.
+        power_note = (f"the confirmation pool has {left} unused items for this owner (a confirmation may use "
+                      f"{BUDGET}): at level {level:.3g} it confirms a real +{POWER_GAIN:.2f} gain with a chance "
+                      f"of about {pool_power(left, level):.2f}")
+    said_power = f"; {power_note}" if power_note else ""
     drawn: list[float] = []
     result = confirm([], level)
     failure = None
@@ -233,9 +248,9 @@ def decide(candidate: Mapping[str, float], reference: Mapping[str, float], owner
         # No pool number goes back to the owner: one bit per confirmation (the module's point 3). The
         # words are the same whether the test did not reach its level or the candidate's run failed.
         return Decision(answer="indistinguishable", screen_p=p, screened=True, confirmation=result, pool_items=used,
-                        owner_after=after, pool_failure=failure, **common,
+                        owner_after=after, pool_failure=failure, pool_note=power_note, **common,
                         summary=(f"not confirmed on the hidden pool at level {level:.3g} (screened in on "
-                                 f"validation: {difference:+.3f}, p = {p:.2g})"))
+                                 f"validation: {difference:+.3f}, p = {p:.2g}){said_power}"))
     est_start = start + used
     est = np.asarray(list(pool.differences(est_start, min(est_start + ESTIMATE_ITEMS, pool.size))), dtype=float)
     if est.size >= MIN_ITEMS:
@@ -252,6 +267,6 @@ def decide(candidate: Mapping[str, float], reference: Mapping[str, float], owner
                                      "cursors": {**owner.cursors, benchmark: cursor}})
     return Decision(answer="better", screen_p=p, screened=True, confirmation=result,
                     pool_items=used + int(est.size), estimate=estimate, estimate_low=low, estimate_high=high,
-                    owner_after=after, **common,
+                    owner_after=after, pool_note=power_note, **common,
                     summary=(f"better than {reference_name}: confirmed on {used} hidden pool items at level "
-                             f"{level:.3g} (e-value {result.wealth:.3g}); its gain {said}"))
+                             f"{level:.3g} (e-value {result.wealth:.3g}); its gain {said}{said_power}"))

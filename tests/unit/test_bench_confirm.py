@@ -157,7 +157,7 @@ async def test_the_candidates_failed_pool_run_reads_not_confirmed_spends_the_lev
                                 owner="carol", score_items=Runs(fail="candidate"), private_put=keep)
     assert view.answer == "indistinguishable" and view.screened
     assert view.summary.startswith("not confirmed on the hidden pool at level ")
-    assert view.pool_note is None and view.estimate is None and view.pool_items is None
+    assert view.estimate is None and view.pool_items is None
     assert "fail" not in view.model_dump_json()
     state, revision = await OwnerStore(bus).get("carol")
     assert revision == 1 and state.confirmations == 1 and state.accepted == 0 and state.carried == 0.0

@@ -17,7 +17,15 @@ from bench.search_power import (
     prescreened,
     split_campaigns,
 )
-from shared.confirmation import BUDGET, confirm, largest_possible_wealth, log_wealth
+from shared.confirmation import (
+    BUDGET,
+    POWER_DIFFERING,
+    POWER_GAIN,
+    confirm,
+    largest_possible_wealth,
+    log_wealth,
+    pool_power,
+)
 from shared.decision import OWNER_ALPHA, SCREEN_LEVEL, OwnerState, decide
 
 
@@ -118,6 +126,30 @@ def test_without_a_pool_or_with_too_small_a_one_nothing_is_called_better_and_the
     small = decide(cand, ref, owner, benchmark="aime", pool=ArrayPool(np.ones(5)))
     assert small.answer == "indistinguishable" and "too few" in (small.pool_note or "")
     assert largest_possible_wealth(5) < math.log(1 / owner.next_level())
+
+
+def test_a_small_pool_states_its_power_and_the_stated_chance_is_the_tests_own() -> None:
+    """A pool with fewer unused items than one confirmation may use says what it can confirm: the chance
+    it states for a real +0.10 candidate is what the test does with such candidates (fresh seeds)."""
+    rng = np.random.default_rng(8)
+    owner = OwnerState(owner="a")
+    level = owner.next_level()
+    stated = pool_power(200, level)
+    up, down = (POWER_DIFFERING + POWER_GAIN) / 2, (POWER_DIFFERING - POWER_GAIN) / 2
+    u = rng.random((400, 200))
+    seen = np.mean([confirm(np.where(x < up, 1.0, np.where(x < up + down, -1.0, 0.0)), level, pool_left=False).confirmed
+                    for x in u])
+    assert abs(stated - seen) < 0.1 and 0.4 < stated < 0.95
+    assert pool_power(120, level) < stated < pool_power(600, level)
+    while True:
+        cand, ref = _pair(rng, 100, 0.3)
+        small = decide(cand, ref, owner, benchmark="b", pool=ArrayPool(_noise(rng, 200, 0.1)))
+        if small.screened:
+            break
+    assert "the confirmation pool has 200 unused items for this owner" in small.summary
+    assert f"a chance of about {stated:.2f}" in small.summary and small.pool_note is not None
+    large = decide(cand, ref, owner, benchmark="b", pool=ArrayPool(_noise(rng, BUDGET + 200, 0.1)))
+    assert large.screened and large.pool_note is None and "chance" not in large.summary
 
 
 def test_the_owners_levels_never_sum_past_its_alpha() -> None:
