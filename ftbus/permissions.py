@@ -118,6 +118,11 @@ def users(subjects: Subjects | None = None, pipeline: Sequence[StageSpec] = PIPE
                 (f"the trained outputs' retention (services/aggregator/retention.py): list {models}'s\n"
                  "objects, read and write each request's ranking and expiry marker, delete expired outputs",
                  [*t.store_read(models), *t.store_write(models)]),
+                (f"the retention keeps every campaign's incumbent: read the records of {s.kv_campaigns}\n"
+                 "(an ordered consumer on its stream, in one pass)",
+                 [*t.kv_read(s.kv_campaigns), f"$JS.API.CONSUMER.CREATE.{t.kv(s.kv_campaigns)}",
+                  f"$JS.API.CONSUMER.CREATE.{t.kv(s.kv_campaigns)}.>",
+                  f"$JS.API.CONSUMER.INFO.{t.kv(s.kv_campaigns)}.*", f"$JS.FC.{t.kv(s.kv_campaigns)}.>"]),
                 (f"the training checkpoints' removal when a request ends (retention.py): list {checkpoints}\n"
                  "and delete a finished request's objects",
                  [*t.store_read(checkpoints), *t.store_write(checkpoints)]),

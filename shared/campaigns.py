@@ -22,21 +22,27 @@ import hashlib
 import re
 from datetime import datetime
 
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.events import (
     BaselineComparison,
     BenchmarkScores,
     CampaignCheck,
+    DecisionView,
     TaskSpec,
+    WorkspaceFile,
     utcnow,
 )
 from shared.kv_cas import RevisionConflict, write_at
+from shared.kv_scan import latest
+from shared.logs import get_logger
 from shared.online_testing import PROCEDURE, OnlineState, two_sided_level
 from shared.paired import BOOTSTRAP_SEED, compare_scores, describe_with_power
 from shared.statistics import PairedComparison
 from shared.subjects import Subjects
+
+log = get_logger("ftbus.campaigns")
 
 #: The judged candidates, and the accepted ones, a record keeps (the newest); each entry is also its own key.
 RECENT_ENTRIES = 100
@@ -108,6 +114,10 @@ class CampaignRecord(BaseModel):
     incumbent: str | None = None
     #: The incumbent's validation scores, without its error samples (model text the pairing does not need).
     incumbent_scores: BenchmarkScores | None = None
+    #: The incumbent's trained outputs in the models store: the benchmark stage runs it on the
+    #: confirmation pool's items to confirm a later candidate against it (services/benchmark/confirm.py).
+    #: Empty in records from before that: then the pool confirms against the base model.
+    incumbent_outputs: list[WorkspaceFile] = Field(default_factory=list)
     #: The last RECENT_ENTRIES judged candidates, oldest first (every one is its own key, ``entry_key``).
     history: list[CampaignEntry] = Field(default_factory=list)
     #: The last RECENT_ENTRIES accepted candidates in order (the last one is the incumbent).
@@ -180,6 +190,40 @@ def check_candidate(record: CampaignRecord | None, name: str, task: TaskSpec, sc
                          summary=describe_with_power(paired, other_name))
 
 
+#: The procedure a campaign's candidate is tested by under judge_policy=better.
+POOL_PROCEDURE = "the benchmark stage's decision: confirmed on the hidden pool at the owner's level"
+
+
+def pool_decides(record: CampaignRecord | None, task: TaskSpec, decision: DecisionView | None) -> bool:
+    """Whether the benchmark stage's decision is the campaign's test (under judge_policy=better): it
+    was made, the campaign is on the candidate's benchmark and base model, and the record names its
+    incumbent's trained outputs (a record from before they were kept is tested on validation, as under
+    the other policies)."""
+    if decision is None:
+        return False
+    if record is None:
+        return True
+    same_task = (record.benchmark, record.base_model) == (task.benchmark, task.base_model)
+    return same_task and (record.incumbent is None or bool(record.incumbent_outputs))
+
+
+def decided_check(record: CampaignRecord | None, name: str, decision: DecisionView) -> CampaignCheck:
+    """The campaign's test under judge_policy=better: the decision, made against the incumbent the
+    record names now (the base model while none is). No level of the campaign's own is spent: the
+    owner's level covers all of its campaigns. A decision made against another incumbent (one was
+    accepted while this candidate was measured) accepts nothing: the candidate is to be measured
+    against the new one."""
+    current = record.incumbent if record is not None else None
+    common = {"campaign": name, "alpha": (record.state if record is not None else OnlineState()).alpha,
+              "procedure": POOL_PROCEDURE, "incumbent": current}
+    if decision.incumbent != current:
+        then = f"the incumbent {decision.incumbent}" if decision.incumbent else "the base model"
+        return CampaignCheck(**common, summary=(
+            f"not accepted: the campaign's incumbent became {current} while this candidate was measured against "
+            f"{then}; submit it again to be measured against {current}"))
+    return CampaignCheck(**common, level=decision.level, better=decision.better, summary=decision.summary)
+
+
 def foreign_owner(record: CampaignRecord | None, owner: str | None) -> str | None:
     """Why a request of ``owner`` may not enter the campaign ``record`` (another identity's), or None."""
     if record is None or record.owner == owner:
@@ -190,7 +234,8 @@ def foreign_owner(record: CampaignRecord | None, owner: str | None) -> str | Non
 
 
 def record_after(record: CampaignRecord | None, request_id: str, task: TaskSpec, check: CampaignCheck,
-                 scores: BenchmarkScores | None, owner: str | None = None) -> CampaignRecord:
+                 scores: BenchmarkScores | None, owner: str | None = None,
+                 outputs: list[WorkspaceFile] | None = None) -> CampaignRecord:
     """The campaign once ``check`` is decided (``check.accepted``): its entry appended, the procedure's
     state advanced when a test was made, and the candidate made the incumbent when accepted."""
     assert task.campaign is not None
@@ -211,6 +256,7 @@ def record_after(record: CampaignRecord | None, request_id: str, task: TaskSpec,
         assert scores is not None
         updated.incumbent = request_id
         updated.incumbent_scores = scores.model_copy(update={"error_samples": []})
+        updated.incumbent_outputs = list(outputs or [])
     updated.updated_at = utcnow()
     return updated
 
@@ -235,6 +281,24 @@ class CampaignStore:
         record = CampaignRecord.model_validate_json(entry.value)
         record.revision = entry.revision
         return record
+
+    async def records(self) -> list[CampaignRecord]:
+        """Every campaign's record, read in one pass (a handful of records, changed only by the judge;
+        the keys of one token, so not the judged candidates' entries, ``<name>.<request id>``); a record
+        that does not decode is left out, with a warning. Needs a real bus (``bus.js``)."""
+        bucket = campaigns_bucket(self.bus.subjects)  # type: ignore[attr-defined]
+        js = self.bus.js  # type: ignore[attr-defined]
+        try:
+            await js.key_value(bucket)
+        except BucketNotFoundError:
+            return []  # no ftbus process has created the topology with campaigns yet
+        found = []
+        for change in await latest(js, bucket, keys="*"):
+            try:
+                found.append(CampaignRecord.model_validate_json(change.value or b""))
+            except ValueError as exc:
+                log.warning("unreadable campaign", campaign=change.key, error=str(exc))
+        return found
 
     async def entry(self, record: CampaignRecord | None, request_id: str) -> CampaignEntry | None:
         """This request's entry in the campaign: from the record while it keeps it, else its own key."""

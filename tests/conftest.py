@@ -31,8 +31,9 @@ os.environ.setdefault("FTBUS_SANDBOX_CPUS", "1")
 # Most tests are about delivery, sandboxes and scores, not about what "better" means: their tiny
 # benchmarks have no confirmation pool, under which the default policy (`better`) refuses every
 # candidate. They run under `llm`, the reference evaluator's meaning ("it ran, the judge liked it").
-# The default's own tests set judge_policy="better" themselves (tests/unit/test_judge_better.py,
-# tests/integration/test_decision_pipeline.py, tests/e2e/test_examples.py's refusal).
+# The default's own tests set judge_policy="better" themselves (tests/unit/test_judge_decide.py,
+# tests/unit/test_campaigns.py, tests/integration/test_decision_pipeline.py, tests/e2e/test_examples.py's
+# refusal).
 os.environ.setdefault("FTBUS_JUDGE_POLICY", "llm")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")

@@ -29,9 +29,9 @@ from ftbus.dashboard.views import STAGE_ORDER
 from shared import codec, metrics
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
-from shared.campaigns import CampaignRecord
+from shared.campaigns import CampaignRecord, CampaignStore
 from shared.events import DeadLetter, Progress, Report, Stage, Verdict
-from shared.kv_scan import BucketWatch, latest
+from shared.kv_scan import BucketWatch
 from shared.lanes import Lane, lanes_listing
 from shared.logs import get_logger
 from shared.records import RequestRecord
@@ -380,22 +380,9 @@ class DashboardState:
     # ------------------------------------------------------------------ campaigns
 
     async def campaigns(self) -> list[CampaignRecord]:
-        """Every campaign, read from KV ftbus_campaigns in one pass when a page asks (a handful of records,
-        changed only by the judge; the keys of one token, so not the judged candidates' entries,
-        ``<name>.<request id>``); a record that does not decode is left out, with a warning."""
+        """Every campaign, read when a page asks (shared/campaigns.py: ``CampaignStore.records``)."""
         assert self.bus is not None
-        bucket = self.bus.subjects.kv_campaigns
-        try:
-            await self.bus.js.key_value(bucket)
-        except BucketNotFoundError:
-            return []  # no ftbus process has created the topology with campaigns yet
-        found = []
-        for change in await latest(self.bus.js, bucket, keys="*"):
-            try:
-                found.append(CampaignRecord.model_validate_json(change.value or b""))
-            except ValueError as exc:
-                log.warning("unreadable campaign", campaign=change.key, error=str(exc))
-        return found
+        return await CampaignStore(self.bus).records()
 
     async def campaign(self, name: str) -> CampaignRecord | None:
         """One campaign (None: unknown). Read directly, not by ``CampaignStore``, whose ``Bus.kv`` would

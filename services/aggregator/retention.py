@@ -1,14 +1,14 @@
 """The models store's retention: trained outputs expire ``artifact_max_age_s`` after training,
-except the best candidate of each leaderboard (per base model and benchmark), kept until a better
-one replaces it.
+except the best candidate of each leaderboard (per base model and benchmark) and each campaign's
+incumbent, kept until a better one replaces it.
 
 The models store has no age limit of the server's (it could not tell a leader from the rest): this
 sweep, every ``retention_sweep_s``, lists the store's objects (metadata only), ranks each request
 whose outputs are still there (``<id>/ranking.json``, written once from its record when its verdict
 is out, so that a leader's place outlives its record), and removes the outputs of every request
-past the age limit that leads no board, leaving ``<id>/expired.json`` (when, and why) for `ftbus
-pull` to report. A leader's outputs are never removed, so the leaders are always among the
-requests whose outputs remain: no other state is needed. Markers themselves go after
+past the age limit that leads no board and is no campaign's incumbent, leaving ``<id>/expired.json``
+(when, and why) for `ftbus pull` to report. A leader's outputs are never removed, so the leaders are
+always among the requests whose outputs remain: no other state is needed. Markers themselves go after
 ``result_max_age_s``, with the verdicts they explain.
 
 The same pass removes training checkpoints (the checkpoints store, services/trainer/checkpoints.py)
@@ -30,6 +30,7 @@ from services.aggregator.store import RecordStore
 from services.aggregator.sweeper import periodically
 from shared.artifacts import ArtifactStore
 from shared.bus import Bus
+from shared.campaigns import CampaignStore
 from shared.logs import get_logger
 from shared.retention import EXPIRED_MARKER, RANKING, ExpiredMarker, Ranking, leaders
 
@@ -57,7 +58,10 @@ class Retention:
             objects[rid][rest] = mtime
         live = {rid: files for rid, files in objects.items() if any(f.startswith("output/") for f in files)}
         rankings = [r for rid, files in live.items() if (r := await self._ranking(models, rid, files)) is not None]
-        kept = set(leaders(rankings).values())
+        # Every leaderboard's leader, and every campaign's incumbent: the benchmark stage runs an
+        # incumbent on the confirmation pool's items to confirm the campaign's next candidates.
+        kept = set(leaders(rankings).values()) | {r.incumbent for r in await CampaignStore(self.bus).records()
+                                                   if r.incumbent is not None}
         removed = []
         for rid, files in live.items():
             trained = max(mtime for f, mtime in files.items() if f.startswith("output/"))
@@ -78,7 +82,7 @@ class Retention:
             if rid not in live and marked is not None and now - marked > settings.result_max_age_s:
                 await models.delete(f"{rid}/{EXPIRED_MARKER}")
         if removed:
-            log.info("trained outputs expired", requests=len(removed), kept_leaders=len(kept))
+            log.info("trained outputs expired", requests=len(removed), kept=len(kept))
         await self.sweep_checkpoints(now)
         return removed
 

@@ -29,8 +29,9 @@ from evaluation.splits import SplitManifest, make_split
 from evaluation.warm import EnginePolicy, WarmRun, WarmSplit, engine_for
 from runners.base import EXIT_TIMEOUT, RunResult, thread_env
 from runners.sandbox import Sandbox
-from services.benchmark.confirm import with_decision
-from shared.artifacts import ArtifactStore, materialise
+from services.benchmark.confirm import Scored, run_key, with_decision
+from services.benchmark.models import Incumbents, trained_model
+from shared.artifacts import ArtifactStore
 from shared.events import (
     ArtifactRef,
     BaselineComparison,
@@ -93,11 +94,9 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[BenchResult | Ou
         error = str(exc)
         return [_result(event, ctx, split, SplitRun(None, None, error), None) for split in ("validation", "test")]
 
-    await materialise(await ctx.bus.models_artifacts(), event.train.outputs, ctx.workdir)
-    refused = drop_pickled_weights(ctx.workdir / "output")
-    if refused is not None:
-        return [_result(event, ctx, split, SplitRun(None, None, refused), None) for split in ("validation", "test")]
-    model = select_model(base_model, ctx.workdir / "output")
+    model = await trained_model(await ctx.bus.models_artifacts(), event.train.outputs, ctx.workdir, base_model)
+    if isinstance(model, str):
+        return [_result(event, ctx, split, SplitRun(None, None, model), None) for split in ("validation", "test")]
     device = detect_device(settings.bench_device)
     if settings.bench_backend == "lm-eval" and settings.bench_engine == "warm":
         return await _handle_warm(ctx, event, spec, model, base_model, device, inference)
@@ -110,36 +109,16 @@ async def handle(event: TrainResult, ctx: StageContext) -> list[BenchResult | Ou
             baseline = await _baseline(ctx, event, spec, manifest, base_model, device, inference)
         return [_result(event, ctx, split, candidate, _compare(candidate.scores, baseline))]
 
-    async def score_items(manifest: SplitManifest, base: bool, label: str) -> BenchmarkScores | None:
-        if base:
+    async def score_items(manifest: SplitManifest, who: Scored, label: str) -> BenchmarkScores | None:
+        if who == "base":
             return await _baseline(ctx, event, spec, manifest, base_model, device, inference)
-        return (await _run_split(ctx, event, spec, manifest, model, device, inference, label=label)).scores
+        scored = model if who == "candidate" else await incumbents.model(who)
+        return (await _run_split(ctx, event, spec, manifest, scored, device, inference, label=label)).scores
 
+    incumbents = Incumbents(ctx, base_model)
     validation, test = await asyncio.gather(one_split("validation"), one_split("test"))
-    return await with_decision(ctx, event, spec, validation + test, score_items)
-
-
-#: Weight formats that torch.load unpickles: loading one runs whatever code the pickle names.
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
-
-
-def drop_pickled_weights(output_dir: Path) -> str | None:
-    """Remove pickle-format files from the candidate's output, so no loader can unpickle them.
-
-    Weights are data: the benchmark loads safetensors only. Returns the reason to refuse when
-    nothing loadable is left (the candidate saved its model only as pickles)."""
-    if not output_dir.is_dir():
-        return None
-    pickled = [p for p in output_dir.rglob("*") if p.suffix in PICKLE_SUFFIXES and (p.is_file() or p.is_symlink())]
-    for path in pickled:
-        path.unlink()
-    weights = [p.name for p in pickled if p.name != "training_args.bin"]
-    if weights and not any(output_dir.glob("*.safetensors")):
-        return (
-            f"the trained model was saved only in pickle format ({', '.join(sorted(weights)[:5])}); the benchmark "
-            "never unpickles candidate files: save safetensors (LlamaFactory's default, save_safetensors: true)"
-        )
-    return None
+    return await with_decision(ctx, event, spec, validation + test, score_items,
+                               run_key(device, settings.bench_backend, inference))
 
 
 def _result(
@@ -327,14 +306,15 @@ async def _handle_warm(
             await store.put_bytes(cache_names[split], run.scores.model_dump_json().encode())
             baselines[split] = run.scores
 
-    async def score_items(manifest: SplitManifest, base: bool, label: str) -> BenchmarkScores | None:
+    async def score_items(manifest: SplitManifest, who: Scored, label: str) -> BenchmarkScores | None:
         """A pool batch on the warm engine (the base model's pool once, then cached privately)."""
         cache_name = None
-        if base:
+        if who == "base":
             cache_name, cached = await _cached_baseline(ctx, manifest, base_model, device, inference)
             if cached is not None:
                 return cached
-        scored = select_model(base_model, None) if base else model
+        scored = (select_model(base_model, None) if who == "base" else model if who == "candidate"
+                  else await incumbents.model(who))
         split = WarmSplit(label, manifest)
         runs = await engine.run(spec, scored, [split], ctx.workdir, device=device, timeout_s=timeout,
                                 on_split=announce, seed=SAMPLING_SEED, inference=inference)
@@ -343,11 +323,12 @@ async def _handle_warm(
             await (await _cache_store_for(ctx, manifest)).put_bytes(cache_name, run.scores.model_dump_json().encode())
         return run.scores
 
+    incumbents = Incumbents(ctx, base_model)
     decided = await with_decision(
         ctx, event, spec,
         [_result(event, ctx, split, results[split], _compare(results[split].scores, baselines.get(split)))
          for split in ("validation", "test")],
-        score_items)
+        score_items, run_key(device, settings.bench_backend, inference))
     # The request's benchmark is over: its results are about to be stored, its journals not needed
     # (a baseline's too, which a lost attempt may have cached before it was lost).
     for journal in journals.values():
@@ -482,6 +463,9 @@ SPEC = StageSpec(
         private=Grant("the private store: test-split logs out, the test baseline cache in/out"),
         cache=Grant("the workers-only cache store: the validation baseline cache in/out\n"
                     "(`cache/baseline/<key>/scores.json`)"),
+        campaigns=Grant("the campaigns ({s.kv_campaigns}), read only: a candidate's campaign's incumbent\n"
+                        "(its validation scores and trained outputs), the reference it is confirmed against",
+                        write=False),
         owners=Grant("the owners' error budgets ({s.kv_owners}): read an owner's, write it back by\n"
                      "compare-and-set after a confirmation on the hidden pool (services/benchmark/confirm.py)"),
     ),

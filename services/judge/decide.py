@@ -51,7 +51,9 @@ from shared.campaigns import (
     CampaignConflict,
     CampaignStore,
     check_candidate,
+    decided_check,
     foreign_owner,
+    pool_decides,
     record_after,
     recorded_check,
 )
@@ -96,7 +98,9 @@ def measured_refusal(facts: JudgeFacts, policy: JudgePolicy) -> str | None:
     if policy == "both" and facts.below_baseline:
         return f"judge_policy=both requires the candidate not to score below the base model: {facts.below_baseline}"
     if policy == "better" and facts.not_better:
-        return f"judge_policy=better accepts only a candidate better than the base model: {facts.not_better}"
+        decision = facts.event.decision if isinstance(facts.event, BenchResult) else None
+        reference = decision.reference if decision is not None else "the base model"
+        return f"judge_policy=better accepts only a candidate better than {reference}: {facts.not_better}"
     if policy == "significant" and facts.not_beyond_noise:
         return ("judge_policy=significant requires the candidate to beat the base model beyond noise: "
                 f"{facts.not_beyond_noise}")
@@ -340,11 +344,16 @@ async def _judge_in_campaign(facts: JudgeFacts, written: Written, settings: Sett
                                   incumbent=record.incumbent, summary=f"refused: {foreign}")
             feedback, info = _finish(replace(facts, campaign=check), written, settings)
             return feedback, info, check
-        check = check_candidate(record, name, task, event.benchmark, event.baseline)
+        if settings.judge_policy == "better" and pool_decides(record, task, event.decision):
+            assert event.decision is not None
+            check = decided_check(record, name, event.decision)
+        else:
+            check = check_candidate(record, name, task, event.benchmark, event.baseline)
         feedback, info = _finish(replace(facts, campaign=check), written, settings)
         check = check.model_copy(update={"accepted": feedback.final_decision})
         try:
-            await campaigns.put(record_after(record, event.request_id, task, check, event.benchmark, owner))
+            await campaigns.put(record_after(record, event.request_id, task, check, event.benchmark, owner,
+                                             event.train.outputs))
         except CampaignConflict:
             log.info("campaign_conflict", campaign=name, request_id=event.request_id)
             continue

@@ -262,8 +262,10 @@ class DecisionView(Model):
     answer: Literal["better", "indistinguishable", "worse"]
     #: The words a verdict shows.
     summary: str
-    #: What the candidate was compared with ("the base model").
+    #: What the candidate was compared with ("the base model", or "the incumbent <id>" in a campaign).
     reference: str
+    #: The campaign incumbent it was compared with (request id); None: the base model.
+    incumbent: str | None = None
     #: Whose error budget the confirmation spent (the submitting identity).
     owner: str
     validation_items: int

@@ -429,8 +429,10 @@ def build_table() -> list[Op]:
         (S.kv_requests, _users("aggregate", "dashboard"), _users("aggregate", "dashboard"), _users("aggregate")),
         (S.kv_status, _users(*STAGES, "aggregate", "agent", "dashboard"), _users("dashboard"), _users("aggregate")),
         # Campaigns (validation data only): the judge reads and writes them, an agent reads one
-        # (`ftbus campaign NAME`), dashboards list them; the aggregator only creates the bucket.
-        (S.kv_campaigns, _users("judge", "agent", "dashboard"), _users("dashboard"), _users("judge")),
+        # (`ftbus campaign NAME`), the bench stage reads a candidate's (the incumbent it is confirmed
+        # against), dashboards and the aggregator's retention (which keeps each incumbent) list them.
+        (S.kv_campaigns, _users("judge", "bench", "agent", "dashboard", "aggregate"), _users("dashboard", "aggregate"),
+         _users("judge")),
         # The owners' error budgets: the bench stage reads and writes them after a confirmation on
         # the hidden pool; no agent reads or writes one (a budget an agent could reset controls nothing).
         (S.kv_owners, _users("bench", "dashboard"), _users("dashboard"), _users("bench")),

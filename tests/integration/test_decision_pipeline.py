@@ -89,3 +89,56 @@ async def test_better_is_confirmed_on_the_pool_and_worse_is_refused_by_default(s
         assert decision.pool_items is None and decision.estimate is None
     finally:
         await pipeline.stop()
+
+
+async def test_in_a_campaign_a_candidate_is_confirmed_on_the_pool_against_its_incumbent(settings: Settings,
+                                                                                       tmp_path: Path) -> None:
+    """The campaign's first candidate is confirmed against the base model and becomes the incumbent; the
+    next is screened against the incumbent's validation scores and confirmed against the incumbent's
+    own model, run on the same pool items; a copy of the first is then worse than the new incumbent."""
+    assets = tmp_path / "assets"
+    shutil.copytree(settings.assets, assets)
+    add_pooled_benchmark(assets, items=400)  # 640 pool items: room for two confirmations and their estimates
+    settings = settings.model_copy(update={"judge_policy": "better", "bench_max_items": 40, "assets_dir": assets})
+    task = TASK.model_copy(update={"campaign": "tripling"})
+    pipeline = Pipeline(settings)
+    try:
+        await pipeline.start()
+        assert pipeline.client is not None and pipeline.bus is not None
+        private = await pipeline.bus.private_artifacts()
+
+        # Right on every second item (the base model: every fourth).
+        first = await pipeline.client.submit(write_workspace(tmp_path / "first"), task)
+        verdict = await pipeline.client.wait(first, timeout_s=120)
+        decision = verdict.result.decision
+        assert decision is not None and decision.answer == "better" and decision.incumbent is None, decision
+        assert verdict.final_decision is True, verdict.return_checking
+        assert verdict.result.campaign is not None and verdict.result.campaign.accepted
+
+        # Right on every item: better than the incumbent, confirmed against the incumbent's own runs.
+        second = await pipeline.client.submit(
+            write_workspace(tmp_path / "second", train={"standin_accuracy_every": 1}), task)
+        verdict = await pipeline.client.wait(second, timeout_s=120)
+        decision = verdict.result.decision
+        assert decision is not None and decision.answer == "better", decision
+        assert (decision.reference, decision.incumbent) == (f"the incumbent {first}", first)
+        assert decision.summary.startswith(f"better than the incumbent {first}: confirmed on "), decision.summary
+        # The true gain over the incumbent on the pool is +0.5 (every item against every second one).
+        assert decision.estimate_low is not None and decision.estimate_high is not None
+        assert decision.estimate_low < 0.5 < decision.estimate_high, decision
+        assert verdict.final_decision is True, verdict.return_checking
+        assert verdict.result.campaign is not None and verdict.result.campaign.incumbent == first
+        names = [n for n, _ in await private.list_objects()]
+        # The incumbent ran on the candidate's pool jobs (its logs private), and those runs are cached.
+        assert any(n.startswith(f"{second}/logs/benchmark-incumbent-pool-") for n in names), names
+        assert any(n.startswith(f"cache/incumbent/{first}/") for n in names), names
+
+        # A copy of the first: worse than the new incumbent on validation, refused, no pool item spent.
+        copy = await pipeline.client.submit(write_workspace(tmp_path / "copy"), task)
+        verdict = await pipeline.client.wait(copy, timeout_s=120)
+        decision = verdict.result.decision
+        assert decision is not None and decision.answer == "worse" and decision.incumbent == second, decision
+        assert verdict.final_decision is False
+        assert f"worse than the incumbent {second} on validation" in decision.summary
+    finally:
+        await pipeline.stop()

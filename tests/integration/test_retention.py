@@ -1,5 +1,5 @@
 """Retention: every stream, bucket and object store the topology creates has the configured limit;
-the models store's sweep keeps each leaderboard's best."""
+the models store's sweep keeps each leaderboard's best and each campaign's incumbent."""
 
 from __future__ import annotations
 
@@ -102,6 +102,31 @@ async def test_the_leaders_outputs_survive_an_age_sweep_that_removes_the_others(
         # Markers go with the verdicts they explain.
         await fresh.sweep(now=later + cfg.result_max_age_s + 3600)
         assert await models.stat(f"second/{EXPIRED_MARKER}") is None
+    finally:
+        await bus.close()
+
+
+async def test_a_campaigns_incumbent_survives_the_age_sweep_as_a_leader_does(settings: Settings) -> None:
+    """The benchmark stage runs a campaign's incumbent on pool items to confirm the next candidate
+    against it (services/benchmark/confirm.py): its outputs stay while it is the incumbent."""
+    from services.aggregator.retention import Retention
+    from services.aggregator.store import RecordStore
+    from shared.campaigns import CampaignRecord, CampaignStore
+
+    cfg = settings.model_copy(update={"artifact_max_age_s": 3600.0})
+    bus = await Bus.connect(cfg)
+    try:
+        await bus.ensure_topology()
+        models = await bus.models_artifacts()
+        t0 = datetime.now(UTC)
+        await _scored(bus, "board-leader", 0.9, t0)
+        await _scored(bus, "incumbent", 0.5, t0 + timedelta(seconds=1))
+        await _scored(bus, "neither", 0.4, t0 + timedelta(seconds=2))
+        await CampaignStore(bus).put(CampaignRecord(name="mine", benchmark="tiny-arith", base_model="tiny-standin",
+                                                    incumbent="incumbent"))
+        removed = await Retention(bus, RecordStore(bus)).sweep(now=time.time() + 2 * 3600)
+        assert removed == ["neither"]
+        assert await models.stat("incumbent/output/adapter_model.safetensors") is not None
     finally:
         await bus.close()
 

@@ -49,10 +49,10 @@ def build_standin_assets(root: Path) -> None:
     )
 
 
-def add_pooled_benchmark(root: Path) -> None:
+def add_pooled_benchmark(root: Path, items: int = 160) -> None:
     """A benchmark with a confirmation pool (shared/decision.py), under ``root/benchmarks``: with
-    bench_max_items 40 each subset's first 40 items are validation, its last 40 test, and the 80
-    between them its part of the hidden pool (160 items)."""
+    bench_max_items 40 each subset's first 40 items are validation, its last 40 test, and the
+    ``items`` - 80 between them its part of the hidden pool (160 items in all by default)."""
     pooled_dir = root / "benchmarks" / POOLED_BENCHMARK
     pooled_dir.mkdir(parents=True)
     (pooled_dir / "benchmark.yaml").write_text(
@@ -62,7 +62,7 @@ def add_pooled_benchmark(root: Path) -> None:
     )
     (pooled_dir / "tripling.jsonl").write_text(
         "".join(json.dumps({"id": f"t{i}", "question": f"triple {i}", "answer": str(3 * i)}) + "\n"
-                for i in range(160)))
+                for i in range(items)))
     (pooled_dir / "thirds.jsonl").write_text(
         "".join(json.dumps({"id": f"r{i}", "question": f"a third of {3 * i}", "answer": str(i)}) + "\n"
-                for i in range(160)))
+                for i in range(items)))

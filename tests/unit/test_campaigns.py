@@ -7,8 +7,16 @@ from pathlib import Path
 import pytest
 
 from services.judge.decide import judge
-from shared.campaigns import CampaignRecord, CampaignStore, campaigns_bucket
-from shared.events import BaselineComparison, BenchmarkScores, BenchResult, JudgeResult
+from shared.campaigns import POOL_PROCEDURE, CampaignRecord, CampaignStore, campaigns_bucket
+from shared.events import (
+    ArtifactRef,
+    BaselineComparison,
+    BenchmarkScores,
+    BenchResult,
+    DecisionView,
+    JudgeResult,
+    WorkspaceFile,
+)
 from shared.online_testing import CAMPAIGN_ALPHA, gamma
 from shared.paired import compare_scores
 from shared.settings import Settings
@@ -318,3 +326,64 @@ def test_a_record_from_before_the_counts_keeps_its_window_and_counts_its_entries
     old = CampaignRecord.model_validate({"name": "old", "benchmark": "b", "base_model": "m", "history": history})
     assert (old.judged, old.accepted) == (RECENT_ENTRIES + 50, 2)
     assert len(old.history) == RECENT_ENTRIES and [e.request_id for e in old.incumbents] == ["r3", "r120"]
+
+
+def decided(event: BenchResult, answer: str, incumbent: str | None) -> BenchResult:
+    """The event with the benchmark stage's decision, made against ``incumbent`` (None: the base model)."""
+    reference = f"the incumbent {incumbent}" if incumbent else "the base model"
+    view = DecisionView(answer=answer, summary=f"{answer} than {reference} (the pool's words)", reference=reference,
+                        incumbent=incumbent, owner="everyone", validation_items=ITEMS, validation_difference=0.2,
+                        screened=True, level=0.0304)
+    outputs = [WorkspaceFile(path="output/adapter_model.safetensors",
+                             ref=ArtifactRef(name=f"{event.request_id}/output/adapter_model.safetensors", size=1,
+                                             sha256="0" * 64))]
+    return event.model_copy(update={"decision": view,
+                                    "train": event.train.model_copy(update={"outputs": outputs})})
+
+
+async def test_under_the_default_policy_the_pools_decision_against_the_incumbent_is_the_campaigns_test(
+        tmp_path: Path) -> None:
+    """judge_policy=better: a campaign's candidate is accepted when the benchmark stage confirmed it
+    better than the incumbent the record names (the base model while none is), and the record keeps the
+    new incumbent's trained outputs for the next confirmation. The campaign spends no level of its own
+    (the owner's covers all of its campaigns)."""
+    settings = memory_settings(tmp_path).model_copy(update={"judge_policy": "better"})
+    store = CampaignStore(MemoryBus(settings))
+    first = await run(decided(candidate("lora-1", 40), "better", None), settings, store)
+    check = first.result.campaign
+    assert first.feedback.final_decision and check is not None and check.accepted
+    assert (check.index, check.procedure, check.incumbent) == (None, POOL_PROCEDURE, None)
+    record = await store.get("c1")
+    assert record is not None and record.incumbent == "lora-1" and record.state.tests == 0
+    assert [f.path for f in record.incumbent_outputs] == ["output/adapter_model.safetensors"]
+
+    second = await run(decided(candidate("lora-2", 60), "better", "lora-1"), settings, store)
+    assert second.feedback.final_decision
+    assert "better than the incumbent lora-1" in second.feedback.return_checking
+    record = await store.get("c1")
+    assert record is not None and record.incumbent == "lora-2"
+
+    # Measured against lora-1, judged after lora-2 replaced it: accepts nothing, says what to do.
+    stale = await run(decided(candidate("lora-3", 80), "better", "lora-1"), settings, store)
+    assert not stale.feedback.final_decision
+    assert "the campaign's incumbent became lora-2 while this candidate was measured against the incumbent lora-1" \
+        in stale.feedback.return_checking and "submit it again" in stale.feedback.return_checking
+    not_better = await run(decided(candidate("lora-4", 80), "indistinguishable", "lora-2"), settings, store)
+    assert not not_better.feedback.final_decision
+    assert "accepts only a candidate better than the incumbent lora-2" in not_better.feedback.return_checking
+    record = await store.get("c1")
+    assert record is not None and record.incumbent == "lora-2" and record.judged == 4
+
+
+async def test_a_record_without_its_incumbents_outputs_is_tested_on_validation_as_before(tmp_path: Path) -> None:
+    settings = memory_settings(tmp_path).model_copy(update={"judge_policy": "better"})
+    store = CampaignStore(MemoryBus(settings))
+    await run(decided(candidate("lora-1", 40), "better", None), settings, store)
+    record = await store.get("c1")
+    assert record is not None
+    record.incumbent_outputs = []  # as recorded before incumbents' outputs were kept
+    await store.put(record)
+    later = await run(decided(candidate("lora-2", 100), "better", None), settings, store)
+    check = later.result.campaign
+    assert check is not None and check.index == 1 and check.incumbent == "lora-1" and check.paired is not None
+    assert later.feedback.final_decision

@@ -9,7 +9,7 @@ import pytest
 
 from runners.docker import DockerRunner, gateway_command, gpu_request, parse_size
 from runners.sandbox import Sandbox, owner_alive
-from services.benchmark.service import drop_pickled_weights
+from services.benchmark.models import drop_pickled_weights
 from shared.paths import UnsafePath, regular_file_in
 
 
