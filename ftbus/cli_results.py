@@ -166,8 +166,11 @@ def compare(
     the mean difference, the interval built on the same test so that the two never disagree (seeded: the
     same on every rerun): "FIRST is better than SECOND by +0.12 (95% CI +0.05 to +0.19, p = 0.002,
     60 items)", or "not distinguishable", and what the comparison could have detected at 80% power.
-    Fewer than 10 items: "too few items to say". Requests without a verdict or per-item outcomes, on
-    different benchmarks, with different --num-runs or different items are refused, saying why.
+    Fewer than 10 items: "too few items to say". Then the decision function's answer on these items
+    (shared/decision.py, the benchmark stage's): worse, not distinguishable, or screened in for the
+    hidden confirmation pool, which only the benchmark stage reads. Requests without a verdict or
+    per-item outcomes, on different benchmarks, with different --num-runs or different items are
+    refused, saying why.
 
     Exit 0 when compared (whatever the result), 2 when refused, on bad usage or no server.
 
@@ -198,6 +201,7 @@ def compare(
 
         out.print(escape(result.summary), highlight=False, soft_wrap=True)
         out.print(escape(describe_details(result)), highlight=False, soft_wrap=True, style="dim")
+        out.print(escape(result.decision_summary), highlight=False, soft_wrap=True)
         return 0
 
     run_command(main(), settings)

@@ -2,8 +2,10 @@
 
 The comparison is paired (``shared.paired.compare_scores``, the call the benchmark stage makes against
 the base model): each validation item's primary metric, averaged over its runs, of one request against
-the other's on the very same item. It reads the two verdicts only, the validation split an agent may
-see; the hidden test split is never read here.
+the other's on the very same item. The decision function (``shared.decision.decide``, the benchmark
+stage's) gives its validation answer beside it: worse, not distinguishable, or screened in for the
+hidden pool. It reads the two verdicts only, the validation split an agent may see; the hidden test
+split and the pool are never read here.
 
 Two requests are refused, saying why, when one has no verdict or no per-item outcomes yet, when they
 ran different benchmarks or a different number of runs per item, or when their item sets differ.
@@ -11,10 +13,11 @@ ran different benchmarks or a different number of runs per item, or when their i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from shared.decision import SCREEN_LEVEL, OwnerState, decide, paired_outcomes
 from shared.paired import BOOTSTRAP_SEED, DEFAULT_LEVEL, compare_scores
 from shared.statistics import PairedComparison
 
@@ -42,6 +45,11 @@ class RequestComparison(BaseModel):
     paired: PairedComparison
     #: In words: "ID1 is better than ID2 by +0.12 (95% CI +0.05 to +0.19, p = 0.002, 60 items)".
     summary: str
+    #: The decision function's answer on these validation items (shared/decision.py, the one the
+    #: benchmark stage calls): "worse", "indistinguishable", or "screened" (it would go on to the hidden
+    #: confirmation pool, which only the benchmark stage reads), with its words.
+    decision: Literal["worse", "indistinguishable", "screened"]
+    decision_summary: str
 
 
 def _scores(request_id: str, verdict: Verdict | None, view: RequestStatusView | None) -> BenchmarkScores:
@@ -97,9 +105,20 @@ def compare_verdicts(
         reason = words.split(": ", 1)[1] if ": " in words else words
         raise NotComparable(f"{id1} and {id2} cannot be paired: {reason}; compare requests scored on the same "
                             "validation items (the same benchmark version)")
+    cand, ref, strata = paired_outcomes(a, b)
+    decided = decide(cand, ref, OwnerState(owner="ftbus compare"), benchmark=task1.benchmark, pool=None,
+                     strata=strata, reference_name=id2)
+    if decided.screened:
+        answer, said = "screened", (
+            f"screened in against {id2} on validation ({decided.validation_difference:+.3f}, one-sided p = "
+            f"{decided.screen_p:.2g}, below the screen's {SCREEN_LEVEL:g}): the benchmark stage would go on to "
+            "confirm it on the hidden pool, which compare does not read")
+    else:
+        answer, said = decided.answer, decided.summary
     return RequestComparison(
         first=id1, second=id2, benchmark=task1.benchmark, base_models=(task1.base_model, task2.base_model),
         primary_metric=a.primary_metric, num_runs=a.num_runs, paired=paired, summary=f"{id1} is {words}",
+        decision=answer, decision_summary=f"decision: {said}",
     )
 
 

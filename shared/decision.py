@@ -49,6 +49,7 @@ from shared.confirmation import (
     largest_possible_wealth,
     pool_power,
 )
+from shared.events import BenchmarkScores
 from shared.online_testing import gamma
 from shared.paired_tests import betting_interval, upper_tail
 from shared.statistics import MIN_ITEMS, equal_weights, stratum_weights
@@ -165,6 +166,21 @@ def _weighted(candidate: Mapping[str, float], reference: Mapping[str, float],
     d = np.array([float(candidate[i]) - float(reference[i]) for i in ids])
     w = np.array(stratum_weights([strata[i] if strata else "" for i in ids]))
     return d, w
+
+
+def item_outcomes(scores: BenchmarkScores) -> dict[str, float]:
+    """``<subset>/<item>`` -> the item's mean score, higher better (a lower-is-better metric flipped)."""
+    means = scores.item_means()
+    return means if scores.higher_is_better else {k: 1.0 - v for k, v in means.items()}
+
+
+def paired_outcomes(candidate: BenchmarkScores, reference: BenchmarkScores,
+                    ) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    """What ``decide`` takes from two validation results: each one's ``item_outcomes`` on the items both
+    scored, and each item's subset (its stratum)."""
+    cand, ref = item_outcomes(candidate), item_outcomes(reference)
+    common = sorted(cand.keys() & ref.keys())
+    return ({k: cand[k] for k in common}, {k: ref[k] for k in common}, {k: k.split("/", 1)[0] for k in common})
 
 
 def screen_p(diffs: np.ndarray, weights: np.ndarray) -> float:

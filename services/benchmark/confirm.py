@@ -33,7 +33,7 @@ from evaluation.splits import SplitManifest, pool_batch, pool_order
 from shared.artifacts import ArtifactStore
 from shared.campaigns import CampaignStore, foreign_owner
 from shared.confirmation import BATCH
-from shared.decision import CandidateFailedOnPool, Decision, OwnerState, decide
+from shared.decision import CandidateFailedOnPool, Decision, OwnerState, decide, item_outcomes, paired_outcomes
 from shared.events import BenchmarkScores, BenchResult, DecisionView, TaskSpec, TrainResult, WorkspaceFile
 from shared.handling import Outgoing, StageContext
 from shared.logs import get_logger
@@ -66,12 +66,6 @@ REFERENCE = "the base model"
 class PoolRunFailed(RuntimeError):
     """The base model's pool run failed, or a run left items unscored: the decision cannot be made now
     (an infrastructure error: retried). The candidate's own failed run is CandidateFailedOnPool."""
-
-
-def item_scores(scores: BenchmarkScores) -> dict[str, float]:
-    """``<subset>/<item>`` -> the item's mean score, higher better (a lower-is-better metric flipped)."""
-    means = scores.item_means()
-    return means if scores.higher_is_better else {k: 1.0 - v for k, v in means.items()}
 
 
 class StagePool:
@@ -148,7 +142,7 @@ class StagePool:
         if scores is None:
             whose = "the base model's" if who == "base" else f"{who.name}'s"  # type: ignore[union-attr]
             raise PoolRunFailed(f"{whose} run {label} on the confirmation pool failed")
-        scored = item_scores(scores)
+        scored = item_outcomes(scores)
         missing = [k for s, ids in manifest.item_ids.items() for i in ids if (k := f"{s}/{i}") not in scored]
         if missing:
             raise PoolRunFailed(f"the confirmation pool's run {label} scored no {missing[:3]}")
@@ -207,10 +201,7 @@ async def decide_on_pool(
     """Decide (shared.decision.decide) and record the owner's next state by compare-and-set; a lost
     one decides again at the state as it is now (the pool's scores are kept: nothing runs twice). A
     candidate the validation screen does not pass reads and writes no owner state."""
-    cand, ref = item_scores(candidate), item_scores(reference.scores)
-    common = sorted(cand.keys() & ref.keys())
-    cand, ref = {k: cand[k] for k in common}, {k: ref[k] for k in common}
-    strata = {k: k.split("/", 1)[0] for k in common}
+    cand, ref, strata = paired_outcomes(candidate, reference.scores)
     # The screen and "worse" need no owner state and no pool: a candidate the screen does not pass
     # is decided here, without reading the owner's budget (it spends none of it).
     unscreened = decide(cand, ref, OwnerState(owner=owner), benchmark=spec.name, pool=None, strata=strata,

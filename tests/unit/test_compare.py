@@ -65,6 +65,11 @@ def test_better_beyond_noise_in_words_with_mcnemars_exact_p() -> None:
             "got right, 0 only B") in details
     # Reproducible: the same comparison twice gives the same interval.
     assert compare_verdicts(a, b).paired == p
+    # The decision function's validation answer, as the benchmark stage would give it: A screens in
+    # (McNemar's one-sided p = 0.5**10), and B is worse than A (beyond noise on the worse side).
+    assert result.decision == "screened" and result.decision_summary.startswith(
+        f"decision: screened in against B on validation (+0.500, one-sided p = {0.5**10:.2g}, below the screen's 0.3)")
+    assert back.decision == "worse" and back.decision_summary.startswith("decision: worse than A on validation")
 
 
 def test_a_difference_inside_the_noise_is_not_distinguishable() -> None:
@@ -77,6 +82,7 @@ def test_a_difference_inside_the_noise_is_not_distinguishable() -> None:
                         r"two-sided p = 1, threshold 0\.05, 30 items\); with 30 items and 1 of them differing, "
                         r"no improvement is "
                         r"detectable at 80% power", result.summary), result.summary
+    assert result.decision == "indistinguishable" and "not below the screen's 0.3" in result.decision_summary
 
 
 def test_graded_items_from_repeated_runs_use_the_betting_test_at_the_level_asked() -> None:
